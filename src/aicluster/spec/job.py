@@ -1,0 +1,96 @@
+"""`kind: job` — a gang of identical workers that run one command.
+
+Vocabulary: a job has `workers` (the gang size); each worker gets `resources`.
+Memory is given in bytes or with a unit (`512Mi`, `2Gi`, `1G`); it is stored in bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+_UNITS = {
+    "": 1,
+    "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+    "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}  # fmt: skip
+
+
+def parse_memory(value: object) -> int:
+    """Bytes from an int or a string like `512Mi`, `2Gi`, `1.5G`."""
+    if isinstance(value, bool):
+        raise ValueError("memory must be a number of bytes or a size like 2Gi")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("memory must not be negative")
+        return value
+    if isinstance(value, float):
+        return parse_memory(int(value))
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ValueError(f"invalid memory size {value!r}: use bytes or a size like 512Mi, 2Gi")
+
+
+Memory = Annotated[int, BeforeValidator(parse_memory)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(Strict):
+    """What one worker needs. `gpu_model` pins the GPU kind (matched case-insensitively)."""
+
+    cpus: float = Field(default=1.0, ge=0, description="CPU cores per worker")
+    memory: Memory = Field(default=0, description="memory per worker, bytes or e.g. 2Gi")
+    gpus: int = Field(default=0, ge=0, description="whole GPUs per worker")
+    gpu_model: str | None = Field(default=None, description="GPU model, e.g. A100 or H100")
+
+    @field_validator("gpu_model")
+    @classmethod
+    def _model_needs_gpus(cls, v: str | None, info) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("gpu_model must not be empty")
+        return v
+
+
+class JobSpec(Strict):
+    kind: Literal["job"] = "job"
+    name: str = Field(pattern=_NAME, description="lowercase letters, digits and '-'")
+    team: str = Field(default="default", pattern=_NAME)
+    workers: int = Field(default=1, ge=1, le=4096, description="gang size")
+    resources: Resources = Field(default_factory=Resources)
+    command: str | list[str] = Field(description="shell command, or an argv list")
+    env: dict[str, str] = Field(default_factory=dict)
+    working_dir: str | None = Field(
+        default=None, description="folder uploaded with the job, relative to the spec file"
+    )
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    max_restarts: int = Field(default=0, ge=0, le=100)
+    max_pending_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="fail as could_never_fit if it cannot be placed within this time",
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _command_not_empty(cls, v: str | list[str]) -> str | list[str]:
+        if (isinstance(v, str) and not v.strip()) or (isinstance(v, list) and not v):
+            raise ValueError("command must not be empty")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"invalid environment variable name {key!r}")
+        return v

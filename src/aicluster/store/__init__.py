@@ -1,0 +1,9 @@
+"""State: SQLAlchemy 2 over SQLite (WAL) by default.
+
+Invariant: all SQL lives here; every status change of a job and its Event are
+written in one transaction, guarded by compare-and-set on the old status.
+"""
+
+from aicluster.store.db import Store, open_store
+
+__all__ = ["Store", "open_store"]

@@ -1,0 +1,305 @@
+"""The state store. Return values are plain records, never live ORM objects."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from sqlalchemy import create_engine, event, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from aicluster.core.lifecycle import JobStatus, Reason, check_transition
+from aicluster.store.schema import Base, EventRow, JobRow, TeamRow, TokenRow, UserRow
+
+TOKEN_PREFIX = "aic_"
+
+
+class Conflict(Exception):
+    """A name that must be unique is taken."""
+
+
+class NotFound(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Principal:
+    user: str
+    team: str | None
+    role: str  # admin | member | viewer
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    seq: int
+    name: str
+    team: str
+    owner: str
+    spec: dict
+    status: JobStatus
+    reason: str | None
+    message: str | None
+    exit_code: int | None
+    priority: int
+    restarts: int
+    attempt: int
+    placement: list | None
+    has_workdir: bool
+    created_at: float
+    updated_at: float
+    started_at: float | None
+    finished_at: float | None
+
+    @classmethod
+    def of(cls, row: JobRow) -> JobRecord:
+        d = {c: getattr(row, c) for c in cls.__dataclass_fields__}
+        d["status"] = JobStatus(row.status)
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    id: int
+    ts: float
+    kind: str
+    object_id: str
+    team: str | None
+    type: str
+    from_status: str | None
+    to_status: str | None
+    reason: str | None
+    message: str | None
+    actor: str | None
+
+    @classmethod
+    def of(cls, row: EventRow) -> EventRecord:
+        return cls(**{c: getattr(row, c) for c in cls.__dataclass_fields__})
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.close()
+
+
+def open_store(url_or_path: str | Path, clock=time.time) -> Store:
+    url = str(url_or_path)
+    if "://" not in url:
+        url = f"sqlite:///{Path(url).resolve()}"
+    engine = create_engine(url, future=True)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    Base.metadata.create_all(engine)
+    return Store(engine, clock)
+
+
+class Store:
+    def __init__(self, engine: Engine, clock=time.time):
+        self.engine = engine
+        self.clock = clock
+        self._session = sessionmaker(engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- teams, users, tokens -------------------------------------------------
+
+    def create_team(self, name: str, actor: str | None = None) -> None:
+        with self._session.begin() as s:
+            if s.get(TeamRow, name) is not None:
+                raise Conflict(f"team {name!r} already exists")
+            s.add(TeamRow(name=name, created_at=self.clock()))
+            self._event(s, "team", name, name, "TeamCreated", actor=actor)
+
+    def ensure_team(self, name: str) -> None:
+        try:
+            self.create_team(name)
+        except (Conflict, IntegrityError):
+            pass
+
+    def list_teams(self) -> list[str]:
+        with self._session() as s:
+            return list(s.scalars(select(TeamRow.name).order_by(TeamRow.name)))
+
+    def team_exists(self, name: str) -> bool:
+        with self._session() as s:
+            return s.get(TeamRow, name) is not None
+
+    def create_user(self, name: str, team: str | None, role: str) -> None:
+        with self._session.begin() as s:
+            if s.get(UserRow, name) is not None:
+                raise Conflict(f"user {name!r} already exists")
+            if team is not None and s.get(TeamRow, team) is None:
+                raise NotFound(f"team {team!r} does not exist")
+            s.add(UserRow(name=name, team=team, role=role, created_at=self.clock()))
+
+    def get_user(self, name: str) -> Principal | None:
+        with self._session() as s:
+            row = s.get(UserRow, name)
+            return Principal(row.name, row.team, row.role) if row else None
+
+    def create_token(self, user: str) -> str:
+        """Return a new plaintext token; only its SHA-256 digest is stored."""
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        with self._session.begin() as s:
+            if s.get(UserRow, user) is None:
+                raise NotFound(f"user {user!r} does not exist")
+            s.add(
+                TokenRow(user=user, digest=digest(token), prefix=token[:10], created_at=self.clock())
+            )
+        return token
+
+    def authenticate(self, token: str) -> Principal | None:
+        with self._session() as s:
+            row = s.scalars(
+                select(TokenRow).where(TokenRow.digest == digest(token), TokenRow.revoked.is_(False))
+            ).first()
+            if row is None:
+                return None
+            user = s.get(UserRow, row.user)
+            return Principal(user.name, user.team, user.role)
+
+    def has_admin(self) -> bool:
+        with self._session() as s:
+            return s.scalars(select(UserRow).where(UserRow.role == "admin")).first() is not None
+
+    # -- jobs -------------------------------------------------------------------
+
+    def create_job(self, spec: dict, owner: str, has_workdir: bool) -> JobRecord:
+        now = self.clock()
+        with self._session.begin() as s:
+            if s.get(TeamRow, spec["team"]) is None:
+                raise NotFound(f"team {spec['team']!r} does not exist")
+            row = JobRow(
+                id=f"{spec['name']}-{secrets.token_hex(3)}",
+                name=spec["name"],
+                team=spec["team"],
+                owner=owner,
+                spec=spec,
+                status=JobStatus.PENDING.value,
+                reason=Reason.SUBMITTED.value,
+                priority=spec.get("priority", 0),
+                restarts=0,
+                attempt=0,
+                has_workdir=has_workdir,
+                created_at=now,
+                updated_at=now,
+            )
+            s.add(row)
+            s.flush()
+            self._event(
+                s, "job", row.id, row.team, "JobSubmitted", None, "PENDING",
+                Reason.SUBMITTED, f"{spec['workers']} worker(s)", owner,
+            )  # fmt: skip
+            return JobRecord.of(row)
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        with self._session() as s:
+            row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
+            return JobRecord.of(row) if row else None
+
+    def list_jobs(
+        self, team: str | None = None, statuses: Iterable[JobStatus] | None = None, limit: int = 1000
+    ) -> list[JobRecord]:
+        q = select(JobRow).order_by(JobRow.seq.desc()).limit(limit)
+        if team is not None:
+            q = q.where(JobRow.team == team)
+        if statuses is not None:
+            q = q.where(JobRow.status.in_([st.value for st in statuses]))
+        with self._session() as s:
+            return [JobRecord.of(r) for r in s.scalars(q)]
+
+    def transition(
+        self,
+        job_id: str,
+        src: JobStatus,
+        dst: JobStatus,
+        reason: Reason,
+        message: str | None = None,
+        actor: str | None = None,
+        **fields,
+    ) -> JobRecord | None:
+        """Compare-and-set the status; write the Event in the same transaction.
+
+        Returns the new record, or None when the job was no longer in `src`.
+        """
+        check_transition(src, dst)
+        now = self.clock()
+        values = dict(status=dst.value, reason=reason.value, message=message, updated_at=now)
+        if dst == JobStatus.RUNNING:
+            values["started_at"] = now
+        if dst.terminal:
+            values["finished_at"] = now
+        values.update(fields)
+        with self._session.begin() as s:
+            res = s.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.status == src.value)
+                .values(**values)
+            )
+            if res.rowcount != 1:
+                return None
+            row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
+            self._event(
+                s, "job", job_id, row.team, "JobTransition", src.value, dst.value,
+                reason, message, actor,
+            )  # fmt: skip
+            return JobRecord.of(row)
+
+    def set_wait_message(self, job_id: str, message: str) -> bool:
+        """Record why a PENDING job waits; an Event only when the reason changes."""
+        with self._session.begin() as s:
+            row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
+            if row is None or row.status != JobStatus.PENDING.value or row.message == message:
+                return False
+            row.message = message
+            row.updated_at = self.clock()
+            self._event(s, "job", job_id, row.team, "JobWaiting", message=message)
+            return True
+
+    # -- events -----------------------------------------------------------------
+
+    def add_event(self, kind: str, object_id: str, team: str | None, type_: str, **kw) -> None:
+        with self._session.begin() as s:
+            self._event(s, kind, object_id, team, type_, **kw)
+
+    def _event(
+        self, s: Session, kind, object_id, team, type_, from_status=None, to_status=None,
+        reason=None, message=None, actor=None,
+    ) -> None:  # fmt: skip
+        s.add(
+            EventRow(
+                ts=self.clock(), kind=kind, object_id=object_id, team=team, type=type_,
+                from_status=from_status, to_status=to_status,
+                reason=str(reason) if reason else None, message=message, actor=actor,
+            )  # fmt: skip
+        )
+
+    def list_events(
+        self, team: str | None = None, object_id: str | None = None, after: int = 0, limit: int = 500
+    ) -> list[EventRecord]:
+        q = select(EventRow).where(EventRow.id > after).order_by(EventRow.id).limit(limit)
+        if team is not None:
+            q = q.where(EventRow.team == team)
+        if object_id is not None:
+            q = q.where(EventRow.object_id == object_id)
+        with self._session() as s:
+            return [EventRecord.of(r) for r in s.scalars(q)]

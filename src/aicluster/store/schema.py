@@ -1,0 +1,72 @@
+"""Tables. Times are UNIX seconds (float); JSON columns hold specs and placements."""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class TeamRow(Base):
+    __tablename__ = "teams"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class UserRow(Base):
+    __tablename__ = "users"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    team: Mapped[str | None] = mapped_column(ForeignKey("teams.name"), nullable=True)
+    role: Mapped[str] = mapped_column(String(16))  # admin | member | viewer
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class TokenRow(Base):
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    user: Mapped[str] = mapped_column(ForeignKey("users.name"))
+    digest: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked: Mapped[bool] = mapped_column(default=False)
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(80), unique=True, index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    team: Mapped[str] = mapped_column(ForeignKey("teams.name"), index=True)
+    owner: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    placement: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    has_workdir: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    ts: Mapped[float] = mapped_column(Float, index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # job | node | team | token
+    object_id: Mapped[str] = mapped_column(String(64), index=True)
+    team: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    type: Mapped[str] = mapped_column(String(32))
+    from_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    to_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    actor: Mapped[str | None] = mapped_column(String(64), nullable=True)
