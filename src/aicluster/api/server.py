@@ -1,0 +1,101 @@
+"""The control-plane process: API server + reconcile loop, one per installation.
+
+Run by `aicluster up` as `python -m aicluster.api.server`. Invariants: the admin
+token is created once, at first start, and written only to a 0600 file; the API
+binds to loopback unless told otherwise; on SIGTERM the loop stops between ticks
+and running jobs are left to run (a later start adopts them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+from aicluster.engine.rayenv import apply_ray_env
+
+log = logging.getLogger("aicluster.controlplane")
+
+
+def bootstrap_admin(store, home: Path) -> None:
+    """First start: the `default` team, the `admin` user and its token file."""
+    if store.has_admin():
+        return
+    store.ensure_team("default")
+    store.create_user("admin", None, "admin")
+    token = store.create_token("admin")
+    path = home / "admin.token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+
+
+class ControlPlane:
+    """Wires store, engine, controller and API; `serve()` blocks until shutdown."""
+
+    def __init__(self, home: Path, ray_address: str, host: str, port: int, tick_s: float = 0.2):
+        apply_ray_env(home, loopback=ray_address.startswith("127."))
+        from aicluster.api.app import create_app
+        from aicluster.control.controller import Controller
+        from aicluster.control.logs import LogStore
+        from aicluster.control.service import Services
+        from aicluster.engine.ray_engine import RayEngine
+        from aicluster.store.db import open_store
+
+        self.home, self.host, self.port, self.tick_s = home, host, port, tick_s
+        self.store = open_store(home / "state.db")
+        bootstrap_admin(self.store, home)
+        self.engine = RayEngine(ray_address)
+        logs = LogStore(home / "logs")
+        workdirs = home / "workdirs"
+        self.controller = Controller(self.store, self.engine, logs, workdirs, home)
+        self.app = create_app(Services(self.store, self.engine, logs, workdirs))
+        self.stopping = threading.Event()
+
+    def _loop(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.controller.tick()
+            except Exception:  # noqa: BLE001 - keep reconciling; the next tick retries
+                log.exception("controller tick failed")
+            self.stopping.wait(self.tick_s)
+
+    def serve(self) -> None:
+        import uvicorn
+
+        loop = threading.Thread(target=self._loop, name="reconcile", daemon=True)
+        loop.start()
+        config = uvicorn.Config(
+            self.app, host=self.host, port=self.port, log_level="warning", access_log=False
+        )
+        try:
+            uvicorn.Server(config).run()
+        finally:
+            self.stopping.set()
+            loop.join(timeout=30)
+            self.controller.close()
+            self.store.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="aicluster-controlplane")
+    p.add_argument("--home", required=True)
+    p.add_argument("--ray-address", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    home = Path(args.home)
+    cp = ControlPlane(home, args.ray_address, args.host, args.port)
+    (home / "controlplane.json").write_text(
+        json.dumps({"pid": os.getpid(), "url": f"http://{args.host}:{args.port}"})
+    )
+    log.info("control plane pid %d serving http://%s:%d", os.getpid(), args.host, args.port)
+    cp.serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The `aicluster` command and the Python SDK it uses."""

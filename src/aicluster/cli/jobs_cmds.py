@@ -1,0 +1,374 @@
+"""CLI commands for jobs, nodes, events, teams and tokens: `register(app)` adds them.
+
+Invariants:
+- Every command accepts `--url` and `--token`; when omitted they come from
+  `load_client_config` (environment, then files under AICLUSTER_HOME).
+- A user mistake never shows a traceback: ApiError and SpecError are printed to
+  stderr in red, one line per issue, and the exit code is 2 for a bad spec
+  (a local SpecError or a 422 answer carrying spec issues) and 1 otherwise.
+  A 404 for a named job prints "job X not found". Ctrl-C exits 130.
+- Machine-readable output (`-o json`, `tokens create`) goes to stdout alone;
+  notes meant for a human reading a terminal go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.text import Text
+
+from aicluster.cli import output as out
+from aicluster.cli.config import load_client_config
+from aicluster.cli.sdk import TERMINAL, ApiError, Client
+from aicluster.spec import SpecError
+
+STATUSES = ("PENDING", "ADMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class Role(str, Enum):
+    admin = "admin"
+    member = "member"
+    viewer = "viewer"
+
+
+_URL_HELP = "API URL [default: AICLUSTER_URL, else the one `aicluster up` wrote]"
+_TOKEN_HELP = "API token [default: AICLUSTER_TOKEN, else admin.token]"
+UrlOpt = Annotated[Optional[str], typer.Option("--url", help=_URL_HELP)]
+TokenOpt = Annotated[Optional[str], typer.Option("--token", help=_TOKEN_HELP)]
+OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="table or json")]
+JobArg = Annotated[str, typer.Argument(help="job id", show_default=False)]
+
+
+def _client(url: str | None, token: str | None) -> Client:
+    cfg = load_client_config(url, token)
+    return Client(cfg.url, cfg.token)
+
+
+@contextmanager
+def cli_errors(job_id: str | None = None) -> Iterator[None]:
+    """Turn ApiError/SpecError/Ctrl-C into a red message and an exit code."""
+    try:
+        yield
+    except SpecError as err:
+        out.print_error(str(err))
+        raise typer.Exit(2) from None
+    except ApiError as err:
+        msg = err.message.lower()
+        if job_id and err.status_code == 404 and "rank" not in msg and "attempt" not in msg:
+            out.print_error(f"job {job_id} not found")
+            raise typer.Exit(1) from None
+        lines = [f"error: {err.message}"] + [out.issue_line(i) for i in err.issues]
+        if err.status_code == 401:
+            lines.append("  (pass --token or set AICLUSTER_TOKEN)")
+        out.print_error("\n".join(lines))
+        raise typer.Exit(2 if err.status_code == 422 and err.issues else 1) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+# --- jobs ------------------------------------------------------------------------
+
+
+def submit(
+    file: Annotated[Path, typer.Argument(help="job spec (YAML)", show_default=False)],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="stream rank 0 logs")] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Submit a job spec; with -f, stream its logs and exit 1 unless it SUCCEEDED."""
+    with cli_errors(), _client(url, token) as c:
+        job = c.submit_file(file)
+        typer.echo(f"submitted {job['id']}")
+        if not follow:
+            return
+        last = b"\n"
+        for chunk in c.follow_logs(job["id"], rank=0):
+            out.write_bytes(chunk)
+            last = chunk
+        job = c.job(job["id"])
+        typer.echo(("" if last.endswith(b"\n") else "\n") + out.final_line(job))
+        if job.get("status") != "SUCCEEDED":
+            raise typer.Exit(1)
+
+
+JOB_COLUMNS: list[out.Column] = [
+    ("ID", "id"),
+    ("NAME", "name"),
+    ("TEAM", "team"),
+    ("STATUS", lambda j: out.status_text(j.get("status"))),
+    ("WORKERS", "workers"),
+    ("AGE", lambda j: out.fmt_age(j.get("created_at"))),
+    ("REASON/MESSAGE", out.reason_message),
+]
+
+
+def jobs(
+    status: Annotated[
+        Optional[list[str]],
+        typer.Option("--status", "-s", help="only these statuses (repeat, or comma-separate)"),
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="every status (ignores --status)")] = False,
+    team: Annotated[Optional[str], typer.Option("--team", help="only this team")] = None,
+    output: OutputOpt = OutputFormat.table,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """List jobs (every status and every team the token may see, unless filtered)."""
+    wanted = [s.strip().upper() for v in status or [] for s in v.split(",") if s.strip()]
+    bad = [s for s in wanted if s not in STATUSES]
+    if bad:
+        hint = f"unknown status {bad[0]}; use {', '.join(STATUSES)}"
+        raise typer.BadParameter(hint, param_hint="--status")
+    with cli_errors(), _client(url, token) as c:
+        rows = c.jobs(status=None if all_ else wanted or None, team=team)
+    if output == OutputFormat.json:
+        out.print_json(rows)
+    else:
+        out.print_table(rows, JOB_COLUMNS)
+
+
+def describe(
+    job_id: JobArg,
+    output: OutputOpt = OutputFormat.table,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Show a job: spec summary, status, placement by rank and its events."""
+    with cli_errors(job_id), _client(url, token) as c:
+        job = c.job(job_id)
+        if output == OutputFormat.json:
+            out.print_json(job)
+            return
+        names: dict[str, str] = {}
+        if job.get("placement"):
+            try:
+                names = {n["node_id"]: n.get("name") or n["node_id"] for n in c.nodes()}
+            except ApiError:
+                pass
+    spec = job.get("spec") or {}
+    env = spec.get("env") or {}
+    out.print_kv([
+        ("ID", job.get("id")),
+        ("Name", job.get("name")),
+        ("Team", job.get("team")),
+        ("Owner", job.get("owner")),
+        ("Status", out.status_text(job.get("status"))),
+        ("Reason", job.get("reason")),
+        ("Message", job.get("message")),
+        ("Exit code", job.get("exit_code")),
+        ("Priority", job.get("priority")),
+        ("Workers", job.get("workers")),
+        ("Resources", out.resources_text(spec.get("resources") or {}) + " (per worker)"),
+        ("Command", out.command_text(spec.get("command"))),
+        ("Env", ", ".join(sorted(env)) or "-"),
+        ("Working dir", spec.get("working_dir")),
+        ("Attempt", job.get("attempt")),
+        ("Restarts", f"{job.get('restarts', 0)} of max {spec.get('max_restarts', 0)}"),
+        ("Created", out.when(job.get("created_at"))),
+        ("Started", out.when(job.get("started_at"))),
+        ("Finished", out.when(job.get("finished_at"))),
+        ("Runtime", out.runtime(job)),
+    ])  # fmt: skip
+    placement = job.get("placement") or []
+    if placement:
+        rows = [{"rank": r, "node": names.get(n, n), "node_id": n} for r, n in enumerate(placement)]
+        out.console().print()
+        cols: list[out.Column] = [("RANK", "rank"), ("NODE", "node"), ("NODE ID", "node_id")]
+        out.print_table(rows, cols, title="Placement")
+    out.console().print()
+    out.print_table(job.get("events") or [], EVENT_COLUMNS, title="Events")
+
+
+def logs(
+    job_id: JobArg,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="stream until the job ends")] = False,
+    rank: Annotated[int, typer.Option("--rank", help="worker rank", min=0)] = 0,
+    attempt: Annotated[Optional[int], typer.Option("--attempt", help="[default: latest]")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Print a worker's log (raw bytes) of the latest or a given attempt."""
+    with cli_errors(job_id), _client(url, token) as c:
+        if follow:
+            for chunk in c.follow_logs(job_id, rank=rank, attempt=attempt):
+                out.write_bytes(chunk)
+            return
+        offset = 0
+        while True:
+            data, offset, _, got = c.logs(job_id, rank=rank, attempt=attempt, offset=offset)
+            if not data:
+                return
+            attempt = got  # later reads continue the same attempt
+            out.write_bytes(data)
+
+
+def cancel(job_id: JobArg, url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Cancel a job (pending or running)."""
+    with cli_errors(job_id), _client(url, token) as c:
+        job = c.cancel(job_id)
+    status = job.get("status")
+    if status == "CANCELLED":
+        typer.echo(f"cancelled {job_id}")
+    elif status in TERMINAL:
+        typer.echo(f"job {job_id} already {status}")
+    else:
+        typer.echo(f"cancel requested for {job_id} (now {status})")
+
+
+# --- nodes and events ----------------------------------------------------------------
+
+
+NODE_COLUMNS: list[out.Column] = [
+    ("NODE", lambda n: f"{n.get('name') or n.get('node_id')}{' (head)' if n.get('is_head') else ''}"),
+    ("POOL", "pool"),
+    ("ALIVE", lambda n: Text("yes", style="green") if n.get("alive") else Text("no", style="red")),
+    ("CPUS", lambda n: out.used_total(n, "cpus")),
+    ("MEMORY", lambda n: out.used_total(n, "memory", out.fmt_bytes)),
+    ("GPUS", lambda n: out.used_total(n, "gpus")),
+    ("GPU MODEL", "gpu_model"),
+    ("LABELS", lambda n: ",".join(f"{k}={v}" for k, v in sorted((n.get("labels") or {}).items()))),
+]
+
+
+def nodes(
+    output: OutputOpt = OutputFormat.table, url: UrlOpt = None, token: TokenOpt = None
+) -> None:
+    """List the cluster's nodes with used/total resources."""
+    with cli_errors(), _client(url, token) as c:
+        rows = c.nodes()
+    if output == OutputFormat.json:
+        out.print_json(rows)
+    else:
+        rows = sorted(rows, key=lambda n: (not n.get("is_head"), str(n.get("name"))))
+        out.print_table(rows, NODE_COLUMNS)
+
+
+def _change(ev: dict) -> Text:
+    if ev.get("from_status") or ev.get("to_status"):
+        text = Text(f"{ev.get('from_status') or '-'} -> ")
+        return text.append_text(out.status_text(ev.get("to_status")))
+    return Text(str(ev.get("type") or "-"))
+
+
+EVENT_COLUMNS: list[out.Column] = [
+    ("ID", "id"),
+    ("TIME", lambda e: out.fmt_time(e.get("ts"))),
+    ("KIND", "kind"),
+    ("OBJECT", "object_id"),
+    ("CHANGE", _change),
+    ("REASON", "reason"),
+    ("MESSAGE", lambda e: out.shorten(e.get("message"), 80) or "-"),
+    ("ACTOR", "actor"),
+]
+
+
+def events(
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="print new events")] = False,
+    object_id: Annotated[Optional[str], typer.Option("--object", help="only about this id")] = None,
+    output: OutputOpt = OutputFormat.table,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Show the event log; with --follow, poll for new events until Ctrl-C."""
+    with cli_errors(), _client(url, token) as c:
+        evs = c.events(after=0, object_id=object_id)
+        if not follow:
+            if output == OutputFormat.json:
+                out.print_json(evs)
+            else:
+                out.print_table(evs, EVENT_COLUMNS)
+            return
+        last = 0
+        while True:
+            for ev in evs:
+                last = max(last, int(ev.get("id") or 0))
+                if output == OutputFormat.json:
+                    typer.echo(json.dumps(ev, default=str))  # one event per line
+                else:
+                    _print_event_line(ev)
+            time.sleep(1.0)
+            evs = c.events(after=last, object_id=object_id)
+
+
+def _print_event_line(ev: dict) -> None:
+    line = Text(f"{out.fmt_time(ev.get('ts'))}  {ev.get('kind') or '-'} ")
+    line.append(f"{ev.get('object_id') or '-'}  ")
+    line.append_text(_change(ev))
+    for extra in (ev.get("reason"), ev.get("message")):
+        if extra:
+            line.append(f"  {extra}")
+    if ev.get("actor"):
+        line.append(f"  ({ev['actor']})", style="dim")
+    out.console().print(line)
+
+
+# --- teams and tokens ----------------------------------------------------------------
+
+
+def team_create(
+    name: Annotated[str, typer.Argument(help="team name", show_default=False)],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Create a team (admin)."""
+    with cli_errors(), _client(url, token) as c:
+        team = c.create_team(name)
+    typer.echo(f"created team {team.get('name', name)}")
+
+
+def team_list(
+    output: OutputOpt = OutputFormat.table, url: UrlOpt = None, token: TokenOpt = None
+) -> None:
+    """List teams."""
+    with cli_errors(), _client(url, token) as c:
+        names = c.teams()
+    if output == OutputFormat.json:
+        out.print_json(names)
+    else:
+        out.print_table([{"name": n} for n in names], [("TEAM", "name")])
+
+
+def token_create(
+    user: Annotated[str, typer.Option("--user", help="user name", show_default=False)],
+    team: Annotated[Optional[str], typer.Option("--team", help="team the user acts for")] = None,
+    role: Annotated[Role, typer.Option("--role", help="admin, member or viewer")] = Role.member,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Create an API token (admin). The token is printed once, on stdout alone."""
+    with cli_errors(), _client(url, token) as c:
+        made = c.create_token(user, team=team, role=role.value)
+    typer.echo(made["token"])
+    who = f"user {made.get('user', user)}, team {made.get('team') or '-'}"
+    note = f"token for {who}, role {made.get('role', role.value)}; it is not shown again"
+    out.console(stderr=True).print(Text(note, style="dim"))
+
+
+def register(app: typer.Typer) -> None:
+    """Add submit, jobs, describe, logs, cancel, nodes, events and the teams/tokens groups."""
+    app.command("submit")(submit)
+    app.command("jobs")(jobs)
+    app.command("describe")(describe)
+    app.command("logs")(logs)
+    app.command("cancel")(cancel)
+    app.command("nodes")(nodes)
+    app.command("events")(events)
+    teams_app = typer.Typer(help="Create and list teams.", no_args_is_help=True)
+    teams_app.command("create")(team_create)
+    teams_app.command("list")(team_list)
+    app.add_typer(teams_app, name="teams")
+    tokens_app = typer.Typer(help="Create API tokens.", no_args_is_help=True)
+    tokens_app.command("create")(token_create)
+    app.add_typer(tokens_app, name="tokens")

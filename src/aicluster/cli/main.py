@@ -1,0 +1,20 @@
+"""`aicluster`: the command-line entry point (typer)."""
+
+from __future__ import annotations
+
+import typer
+
+from aicluster.cli import jobs_cmds, platform_cmds
+
+app = typer.Typer(
+    name="aicluster",
+    help="Run AI jobs and services on one machine or many GPU servers.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+platform_cmds.register(app)
+jobs_cmds.register(app)
+
+if __name__ == "__main__":
+    app()

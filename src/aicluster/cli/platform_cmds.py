@@ -1,0 +1,212 @@
+"""`aicluster up | down | join`: the processes of one machine.
+
+Files under AICLUSTER_HOME: platform.json (what `up`/`join` started),
+controlplane.json (pid and URL of the control plane), client.json (the API URL for
+the CLI), admin.token (0600), state.db, logs/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import httpx
+import psutil
+import typer
+from rich.console import Console
+
+from aicluster.cli.config import home_dir
+from aicluster.engine.rayenv import ray_env, ray_token_path
+
+err = Console(stderr=True)
+out = Console()
+
+
+def _parse_labels(labels: list[str] | None) -> dict[str, str]:
+    result = {}
+    for item in labels or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            err.print(f"[red]--label must look like key=value, got {item!r}[/red]")
+            raise typer.Exit(2)
+        result[key] = value
+    return result
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _pid_alive(pid: int | None) -> bool:
+    return bool(pid) and psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+
+
+def _start_control_plane(home: Path, ray_address: str, host: str, port: int) -> str:
+    url = f"http://{host}:{port}"
+    env = dict(os.environ)
+    env.update(ray_env(home, ray_address.startswith("127.")))
+    cmd = [sys.executable, "-m", "aicluster.api.server", "--home", str(home),
+           "--ray-address", ray_address, "--host", host, "--port", str(port)]  # fmt: skip
+    log = open(home / "controlplane.log", "ab")
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            tail = (home / "controlplane.log").read_text(errors="replace").splitlines()[-20:]
+            err.print("[red]the control plane exited:[/red]\n" + "\n".join(tail))
+            raise typer.Exit(1)
+        if _healthy(url):
+            return url
+        time.sleep(0.3)
+    err.print("[red]the control plane did not answer within 120 s[/red]")
+    raise typer.Exit(1)
+
+
+def up(
+    head: Annotated[bool, typer.Option("--head", help="accept other machines (aicluster join)")] = False,
+    address: Annotated[str, typer.Option(help="IP Ray binds to; other machines need a routable one")] = "127.0.0.1",
+    ray_port: Annotated[int, typer.Option(help="Ray head port (0: any free port)")] = 0,
+    api_host: Annotated[str, typer.Option(help="API bind address")] = "127.0.0.1",
+    api_port: Annotated[int, typer.Option(help="API port")] = 8765,
+    num_cpus: Annotated[Optional[float], typer.Option(help="CPUs this node offers")] = None,
+    num_gpus: Annotated[Optional[int], typer.Option(help="GPUs this node offers")] = None,
+    pool: Annotated[str, typer.Option(help="pool of this node")] = "default",
+    label: Annotated[Optional[list[str]], typer.Option(help="node label key=value")] = None,
+) -> None:
+    """Start Ray and the control plane on this machine (state in AICLUSTER_HOME)."""
+    from aicluster.engine.protocol import POOL_LABEL
+    from aicluster.engine.raynode import RayStartError, start_head
+
+    home = home_dir()
+    home.mkdir(parents=True, exist_ok=True)
+    os.chmod(home, 0o700)
+    state = _read_json(home / "platform.json")
+    cp = _read_json(home / "controlplane.json")
+    if state.get("ray_address") and _pid_alive(cp.get("pid")) and _healthy(cp.get("url", "")):
+        out.print(f"aicluster is already up: API {cp['url']}")
+        return
+    labels = {POOL_LABEL: pool, **_parse_labels(label)}
+    ray_address = state.get("ray_address")
+    if not ray_address or not _ray_alive(home):
+        try:
+            ray_address = start_head(
+                home, node_ip=address, port=ray_port, num_cpus=num_cpus, num_gpus=num_gpus,
+                labels=labels,
+            )  # fmt: skip
+        except RayStartError as exc:
+            err.print(f"[red]{exc}[/red]")
+            raise typer.Exit(1) from None
+        _write_json(home / "platform.json", {"role": "head", "ray_address": ray_address, "head": head})
+    url = _start_control_plane(home, ray_address, api_host, api_port)
+    _write_json(home / "client.json", {"url": url})
+    out.print(f"aicluster is up.\n  API:         {url}  (OpenAPI docs at {url}/docs)")
+    out.print(f"  admin token: {home / 'admin.token'}  (export AICLUSTER_TOKEN=$(cat {home / 'admin.token'}))")
+    out.print(f"  Ray head:    {ray_address}")
+    if head:
+        out.print(
+            f"  add a machine: aicluster join {ray_address} --ray-token-file <copy of "
+            f"{ray_token_path(home)}> --pool NAME"
+        )
+
+
+def _ray_alive(home: Path) -> bool:
+    from aicluster.engine.raynode import installation_processes
+
+    return any("gcs_server" in " ".join(p.cmdline()) for p in installation_processes(home))
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(path)
+
+
+def down() -> None:
+    """Stop the control plane and every Ray process this installation started."""
+    from aicluster.engine.raynode import kill_installation
+
+    home = home_dir()
+    cp = _read_json(home / "controlplane.json")
+    pid = cp.get("pid")
+    if _pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        try:
+            psutil.Process(pid).wait(timeout=30)
+        except psutil.TimeoutExpired:
+            os.kill(pid, signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    n = kill_installation(home)
+    for name in ("controlplane.json", "platform.json"):
+        (home / name).unlink(missing_ok=True)
+    out.print(f"aicluster is down ({n} Ray process(es) stopped)")
+
+
+def join(
+    head_address: Annotated[str, typer.Argument(help="the head's Ray address, host:port")],
+    pool: Annotated[str, typer.Option(help="pool of this node")] = "default",
+    label: Annotated[Optional[list[str]], typer.Option(help="node label key=value")] = None,
+    address: Annotated[str, typer.Option(help="IP this node's Ray binds to")] = "127.0.0.1",
+    num_cpus: Annotated[Optional[float], typer.Option(help="CPUs this node offers")] = None,
+    num_gpus: Annotated[Optional[int], typer.Option(help="GPUs this node offers")] = None,
+    gpu_model: Annotated[Optional[str], typer.Option(help="GPU model, e.g. H100")] = None,
+    ray_token_file: Annotated[
+        Optional[Path], typer.Option(help="the head's Ray token file (copy it from the head)")
+    ] = None,
+) -> None:
+    """Add this machine to a cluster as a worker node."""
+    from aicluster.engine.protocol import GPU_MODEL_LABEL, POOL_LABEL
+    from aicluster.engine.raynode import RayStartError, join as ray_join
+
+    home = home_dir()
+    home.mkdir(parents=True, exist_ok=True)
+    if ray_token_file is not None:
+        try:
+            token = ray_token_file.read_text().strip()
+        except OSError as exc:
+            err.print(f"[red]--ray-token-file: cannot read {ray_token_file}: {exc.strerror}[/red]")
+            raise typer.Exit(2) from None
+        dest = ray_token_path(home)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+    elif not ray_token_path(home).exists():
+        err.print("[red]--ray-token-file is required: the head's Ray token file[/red]")
+        raise typer.Exit(2)
+    labels = {POOL_LABEL: pool, **_parse_labels(label)}
+    if gpu_model:
+        labels[GPU_MODEL_LABEL] = gpu_model
+    try:
+        ray_join(home, head_address, node_ip=address, num_cpus=num_cpus, num_gpus=num_gpus,
+                 labels=labels)  # fmt: skip
+    except RayStartError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from None
+    _write_json(home / "platform.json", {"role": "worker", "head": head_address})
+    out.print(f"joined {head_address} as a node of pool {pool}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(up)
+    app.command()(down)
+    app.command()(join)

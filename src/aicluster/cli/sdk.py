@@ -1,0 +1,363 @@
+"""Python client for the aicluster HTTP API (used by the CLI, tests and benchmarks).
+
+Invariants:
+- Every failed call raises ApiError and nothing else from the transport:
+  a non-2xx answer gives its status code, a failed connection gives status 0.
+- `ApiError.message` is always a one-line, human-readable string; structured
+  detail (e.g. spec issues) is kept in `ApiError.detail` / `ApiError.issues`.
+- `follow_logs` yields every byte of the followed attempt exactly once, in order,
+  and switches to a newer attempt only after draining the older one; it ends only
+  when the job is terminal and the server has no more bytes for the final attempt.
+- `pack_workdir` output is a gzip'd tar whose member names are relative to the
+  packed folder (no leading "./", no absolute names, no links leaving the folder),
+  so it extracts with tarfile's "data" filter; it is byte-identical for an
+  unchanged folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import io
+import os
+import re
+import tarfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from aicluster.spec import SpecError, load_spec
+from aicluster.spec.errors import SpecIssue
+
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+EXCLUDED_NAMES = frozenset({".git"})  # skipped whether file or folder
+EXCLUDED_DIRS = frozenset({".git", "__pycache__", ".venv", "checkpoints"})
+MAX_WORKDIR_BYTES = 100 * 2**20  # compressed size limit of an uploaded working_dir
+
+
+class ApiError(Exception):
+    """A failed API call. `status_code` is 0 when the API could not be reached."""
+
+    def __init__(self, status_code: int, message: str, detail: Any = None):
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.detail = detail
+        issues = detail.get("issues") if isinstance(detail, dict) else None
+        self.issues: list = issues if isinstance(issues, list) else []
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class WorkdirError(ValueError):
+    """The working_dir cannot be packed (missing, not a folder, too large)."""
+
+
+def _error_from(resp: httpx.Response) -> ApiError:
+    detail: Any = None
+    message = ""
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "detail" in body:
+        detail = body["detail"]
+        if isinstance(detail, dict):
+            message = str(detail.get("message") or "")
+        elif isinstance(detail, str):
+            message = detail
+        elif isinstance(detail, list):  # e.g. FastAPI request validation errors
+            parts = (d.get("msg", d) if isinstance(d, dict) else d for d in detail)
+            message = "; ".join(str(p) for p in parts)
+    if not message:
+        text = resp.text.strip().splitlines()
+        message = text[0] if text else (resp.reason_phrase or "request failed")
+    return ApiError(resp.status_code, message, detail)
+
+
+# --- working_dir packing -------------------------------------------------------
+
+
+def _skip(name: str, is_dir: bool) -> bool:
+    return name in EXCLUDED_NAMES or (is_dir and name in EXCLUDED_DIRS)
+
+
+def _iter_members(root: Path) -> Iterator[Path]:
+    """Paths under root in sorted order, excluded names pruned, symlinks not followed."""
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        here = Path(dirpath)
+        keep = []
+        for d in sorted(dirnames):
+            if _skip(d, is_dir=not (here / d).is_symlink()):
+                continue
+            if (here / d).is_symlink():
+                yield here / d  # stored as a link, never descended
+            else:
+                keep.append(d)
+                yield here / d
+        dirnames[:] = keep
+        for f in sorted(filenames):
+            if not _skip(f, is_dir=False):
+                yield here / f
+
+
+def _normalize(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def pack_workdir(folder: str | Path, limit: int = MAX_WORKDIR_BYTES) -> bytes:
+    """Tar+gzip the folder's contents (names relative to it); raise WorkdirError.
+
+    Skipped: anything named .git; folders named __pycache__, .venv, checkpoints;
+    sockets, fifos and devices; symlinks whose target lies outside the folder.
+    Symlinks inside the folder are kept as relative links.
+    """
+    root = Path(folder).resolve()
+    if not root.exists():
+        raise WorkdirError(f"folder not found: {folder}")
+    if not root.is_dir():
+        raise WorkdirError(f"not a folder: {folder}")
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
+        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for path in _iter_members(root):
+                arcname = path.relative_to(root).as_posix()
+                if path.is_symlink():
+                    target = (path.parent / os.readlink(path)).resolve()
+                    if target != root and root not in target.parents:
+                        continue
+                    info = tarfile.TarInfo(arcname)
+                    info.type = tarfile.SYMTYPE
+                    info.linkname = os.path.relpath(target, path.parent.resolve())
+                    info.mtime = int(path.lstat().st_mtime)
+                    tar.addfile(_normalize(info))
+                    continue
+                info = tar.gettarinfo(str(path), arcname)
+                if info is None or not (info.isfile() or info.isdir()):
+                    continue
+                if info.isfile():
+                    with open(path, "rb") as f:
+                        tar.addfile(_normalize(info), f)
+                else:
+                    tar.addfile(_normalize(info))
+                if buf.tell() > limit:
+                    raise WorkdirError(f"{folder} is larger than {limit >> 20} MiB compressed")
+    data = buf.getvalue()
+    if len(data) > limit:
+        raise WorkdirError(f"{folder} is larger than {limit >> 20} MiB compressed")
+    return data
+
+
+def _line_of_working_dir(spec_path: Path) -> int | None:
+    try:
+        lines = spec_path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for i, line in enumerate(lines, 1):
+        if re.match(r"\s*working_dir\s*:", line):
+            return i
+    return None
+
+
+# --- the client ----------------------------------------------------------------
+
+
+class Client:
+    """Synchronous client; one httpx connection pool, closed by `close()` or `with`."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = 30,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        self.url = url.rstrip("/")
+        self.token = token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # transport
+
+    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            resp = self._http.request(method, path, **kw)
+        except httpx.ConnectError:
+            raise ApiError(
+                0, f"cannot reach the aicluster API at {self.url}: is it running? (aicluster up)"
+            ) from None
+        except httpx.TimeoutException:
+            raise ApiError(0, f"the aicluster API at {self.url} did not answer in time") from None
+        except httpx.TransportError as exc:
+            raise ApiError(0, f"request to {self.url} failed: {exc}") from None
+        if not resp.is_success:
+            raise _error_from(resp)
+        return resp
+
+    def _json(self, method: str, path: str, **kw: Any) -> Any:
+        resp = self._request(method, path, **kw)
+        try:
+            return resp.json()
+        except ValueError:
+            raise ApiError(resp.status_code, f"invalid JSON from {method} {path}") from None
+
+    # health and identity
+
+    def health(self) -> dict:
+        return self._json("GET", "/healthz")
+
+    def whoami(self) -> dict:
+        return self._json("GET", "/v1/whoami")
+
+    # jobs
+
+    def submit(self, spec: dict, workdir: bytes | None = None) -> dict:
+        """Submit a spec dict; `workdir` is a tar.gz (see pack_workdir) or None."""
+        encoded = base64.b64encode(workdir).decode("ascii") if workdir else None
+        return self._json("POST", "/v1/jobs", json={"spec": spec, "workdir": encoded})
+
+    def submit_file(self, path: str | Path) -> dict:
+        """Load a spec file (SpecError propagates), pack its working_dir, submit."""
+        spec_path = Path(path)
+        spec = load_spec(spec_path)
+        workdir = None
+        if getattr(spec, "working_dir", None):
+            folder = spec_path.parent / spec.working_dir
+            try:
+                workdir = pack_workdir(folder)
+            except WorkdirError as exc:
+                issue = SpecIssue("working_dir", str(exc), _line_of_working_dir(spec_path))
+                raise SpecError(str(spec_path), [issue]) from None
+        return self.submit(spec.model_dump(mode="json"), workdir)
+
+    def jobs(self, status: Iterable[str] | None = None, team: str | None = None) -> list[dict]:
+        params: list[tuple[str, str]] = [("status", s) for s in status or ()]
+        if team:
+            params.append(("team", team))
+        return self._json("GET", "/v1/jobs", params=params)["jobs"]
+
+    def job(self, job_id: str) -> dict:
+        return self._json("GET", f"/v1/jobs/{job_id}")
+
+    def cancel(self, job_id: str) -> dict:
+        return self._json("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def logs(
+        self, job_id: str, rank: int = 0, attempt: int | None = None, offset: int = 0
+    ) -> tuple[bytes, int, str, int]:
+        """One read: (bytes, next_offset, job_status, attempt the bytes belong to)."""
+        params: dict[str, Any] = {"rank": rank, "offset": offset}
+        if attempt is not None:
+            params["attempt"] = attempt
+        resp = self._request("GET", f"/v1/jobs/{job_id}/logs", params=params)
+        data = resp.content
+        h = resp.headers
+        try:
+            next_offset = int(h.get("X-Next-Offset") or offset + len(data))
+            got_attempt = int(h.get("X-Attempt") or (attempt if attempt is not None else 0))
+        except ValueError:
+            raise ApiError(resp.status_code, "invalid X-Next-Offset/X-Attempt from logs") from None
+        return data, next_offset, h.get("X-Job-Status", ""), got_attempt
+
+    def follow_logs(
+        self,
+        job_id: str,
+        rank: int = 0,
+        poll: float = 0.5,
+        timeout: float | None = None,
+        attempt: int | None = None,
+    ) -> Iterator[bytes]:
+        """Yield log chunks until the job is terminal and no bytes remain.
+
+        Without `attempt`, follows the latest attempt, draining each older one
+        before moving on. With `attempt`, follows only that one. Raises
+        TimeoutError when `timeout` seconds pass first.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        current, offset = attempt, 0
+        while True:
+            data, nxt, status, got = self.logs(job_id, rank, attempt, offset)
+            if current is None:
+                current = got
+            if attempt is None and got != current:
+                # A newer attempt started: `data` was read at the old offset, so drop
+                # it, drain the old attempt, then start the new one from byte 0.
+                yield from self._drain(job_id, rank, current, offset)
+                current, offset = got, 0
+                continue
+            if data:
+                offset = nxt
+                yield data
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"job {job_id} still {status} after {timeout}s")
+                continue
+            if status in TERMINAL:
+                return
+            if attempt is not None and self.job(job_id).get("attempt", attempt) != attempt:
+                return  # the pinned attempt is over and fully read
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {job_id} still {status} after {timeout}s")
+            left = poll if deadline is None else deadline - time.monotonic()
+            time.sleep(max(0.0, min(poll, left)))
+
+    def _drain(self, job_id: str, rank: int, attempt: int, offset: int) -> Iterator[bytes]:
+        """Yield what is left of one attempt's log from `offset` on."""
+        while True:
+            data, offset, _, _ = self.logs(job_id, rank, attempt, offset)
+            if not data:
+                return
+            yield data
+
+    def wait(self, job_id: str, statuses: Iterable[str], timeout: float = 60.0) -> dict:
+        """Poll the job every 0.2 s until its status is in `statuses`."""
+        wanted = set(statuses)
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if job.get("status") in wanted:
+                return job
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"job {job_id} is {job.get('status')}, not {sorted(wanted)}, after {timeout}s"
+                )
+            time.sleep(0.2)
+
+    # cluster
+
+    def nodes(self) -> list[dict]:
+        return self._json("GET", "/v1/nodes")["nodes"]
+
+    def events(self, after: int = 0, object_id: str | None = None) -> list[dict]:
+        params: dict[str, Any] = {"after": after}
+        if object_id:
+            params["object_id"] = object_id
+        return self._json("GET", "/v1/events", params=params)["events"]
+
+    # administration
+
+    def create_team(self, name: str) -> dict:
+        return self._json("POST", "/v1/teams", json={"name": name})
+
+    def teams(self) -> list[str]:
+        return self._json("GET", "/v1/teams")["teams"]
+
+    def create_token(self, user: str, team: str | None = None, role: str = "member") -> dict:
+        return self._json("POST", "/v1/tokens", json={"user": user, "team": team, "role": role})

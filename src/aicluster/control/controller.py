@@ -1,0 +1,227 @@
+"""The job reconcile loop: admit pending gangs, watch running ones, collect leftovers.
+
+One `tick()` is one level-triggered pass:
+1. inventory: the engine's nodes (node join/loss becomes an Event);
+2. active jobs: ADMITTED ones whose launch finished become RUNNING (or are
+   requeued/failed); RUNNING ones get their logs pulled and end SUCCEEDED,
+   FAILED(exit_code | node_lost | worker_lost) or go back to PENDING to restart;
+3. admission: `core.fifo.plan_cycle` on a snapshot, then its decisions applied;
+4. garbage: any gang in Ray that no live job attempt owns is stopped.
+
+Launches run on a thread pool so that one slow gang does not stall the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from aicluster.control.logs import LogStore
+from aicluster.control.snapshot import build_snapshot
+from aicluster.core.fifo import plan_cycle
+from aicluster.core.lifecycle import JobStatus, Reason, failure_is_retryable
+from aicluster.core.model import Admit, Wait
+from aicluster.engine.protocol import Engine, LaunchError, LaunchRequest, NodeInfo
+from aicluster.spec.job import JobSpec
+from aicluster.store.db import JobRecord, Store
+
+log = logging.getLogger(__name__)
+ACTIVE = (JobStatus.ADMITTED, JobStatus.RUNNING)
+GC_EVERY_S = 5.0
+
+
+class Controller:
+    def __init__(
+        self, store: Store, engine: Engine, logs: LogStore, workdirs: Path, home: Path,
+        clock=time.time, launch_threads: int = 4,
+    ):  # fmt: skip
+        self.store, self.engine, self.logs = store, engine, logs
+        self.workdirs, self.home, self.clock = workdirs, home, clock
+        self.launching: dict[str, Future] = {}
+        self.pool = ThreadPoolExecutor(launch_threads, thread_name_prefix="launch")
+        self.alive: set[str] | None = None
+        self.nodes: list[NodeInfo] = []
+        self.last_gc = 0.0
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=False)
+
+    # -- the loop -------------------------------------------------------------------
+
+    def tick(self) -> None:
+        self.nodes = self.engine.nodes()
+        self._track_nodes(self.nodes)
+        for job in self.store.list_jobs(statuses=ACTIVE):
+            try:
+                self._reconcile(job)
+            except Exception:  # noqa: BLE001 - one bad job must not stop the loop
+                log.exception("reconciling %s", job.id)
+        self._admit()
+        if self.clock() - self.last_gc >= GC_EVERY_S:
+            self.last_gc = self.clock()
+            self.collect_garbage()
+
+    def _track_nodes(self, nodes: list[NodeInfo]) -> None:
+        alive = {n.node_id for n in nodes if n.alive}
+        if self.alive is not None:
+            by_id = {n.node_id: n for n in nodes}
+            for nid in sorted(alive - self.alive):
+                n = by_id[nid]
+                msg = f"{n.cpus:g} CPU, {n.gpus} GPU, pool {n.pool}"
+                self.store.add_event("node", nid, None, "NodeJoined", message=msg)
+            for nid in sorted(self.alive - alive):
+                self.store.add_event("node", nid, None, "NodeLost", message="node is dead")
+        self.alive = alive
+
+    # -- active jobs ------------------------------------------------------------------
+
+    def _reconcile(self, job: JobRecord) -> None:
+        if job.status == JobStatus.ADMITTED:
+            self._reconcile_admitted(job)
+        else:
+            self._reconcile_running(job)
+
+    def _reconcile_admitted(self, job: JobRecord) -> None:
+        fut = self.launching.get(job.id)
+        if fut is not None:
+            if not fut.done():
+                return
+            del self.launching[job.id]
+            exc = fut.exception()
+            if exc is None:
+                self.store.transition(job.id, JobStatus.ADMITTED, JobStatus.RUNNING, Reason.STARTED)
+            else:
+                self._end_attempt(job, Reason.LAUNCH_FAILED, str(exc))
+            return
+        # Admitted by an earlier control plane that died mid-launch: adopt or redo.
+        states = self.engine.status(job.id, job.attempt, [0] * len(job.placement or []))
+        if states and all(s.started and not s.lost for s in states):
+            self.store.transition(job.id, JobStatus.ADMITTED, JobStatus.RUNNING, Reason.STARTED)
+        else:
+            self.engine.stop(job.id, job.attempt, len(job.placement or []))
+            self.store.transition(
+                job.id, JobStatus.ADMITTED, JobStatus.PENDING, Reason.REQUEUED,
+                "control plane restarted during launch", placement=None,
+            )  # fmt: skip
+
+    def _reconcile_running(self, job: JobRecord) -> None:
+        states = self.pull_logs(job)
+        lost = [s for s in states if s.lost]
+        failed = [s for s in states if s.exit_code not in (None, 0)]
+        if lost:
+            dead = [n for n in (job.placement or []) if n not in (self.alive or set())]
+            reason = Reason.NODE_LOST if dead else Reason.WORKER_LOST
+            where = f"node {dead[0][:8]} died" if dead else "worker process vanished"
+            self._end_attempt(job, reason, f"rank {lost[0].rank}: {where}")
+        elif failed:
+            first = failed[0]
+            self.engine.stop(job.id, job.attempt, len(states))
+            self.pull_logs(job)
+            self.store.transition(
+                job.id, JobStatus.RUNNING, JobStatus.FAILED, Reason.EXIT_CODE,
+                f"rank {first.rank} exited with code {first.exit_code}",
+                exit_code=first.exit_code,
+            )  # fmt: skip
+        elif states and all(s.exit_code == 0 for s in states):
+            self.engine.stop(job.id, job.attempt, len(states))
+            self.store.transition(
+                job.id, JobStatus.RUNNING, JobStatus.SUCCEEDED, Reason.COMPLETED,
+                "all workers exited 0", exit_code=0,
+            )  # fmt: skip
+
+    def pull_logs(self, job: JobRecord):
+        """Append every new log byte of the current attempt; return the worker states."""
+        n = len(job.placement or [])
+        while True:
+            offsets = [self.logs.offset(job.id, job.attempt, r) for r in range(n)]
+            states = self.engine.status(job.id, job.attempt, offsets)
+            for s in states:
+                self.logs.append(job.id, job.attempt, s.rank, s.log)
+            if not any(len(s.log) >= (1 << 20) for s in states):
+                return states
+
+    def _end_attempt(self, job: JobRecord, reason: Reason, message: str) -> None:
+        """Stop the gang; requeue within the restart budget, else fail."""
+        self.engine.stop(job.id, job.attempt, len(job.placement or []))
+        max_restarts = job.spec.get("max_restarts", 0)
+        if failure_is_retryable(reason) and job.restarts < max_restarts:
+            self.store.transition(
+                job.id, job.status, JobStatus.PENDING, Reason.REQUEUED,
+                f"{reason}: {message}; restart {job.restarts + 1} of {max_restarts}",
+                restarts=job.restarts + 1, placement=None,
+            )  # fmt: skip
+        else:
+            self.store.transition(job.id, job.status, JobStatus.FAILED, reason, message)
+
+    # -- admission --------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        pending = self.store.list_jobs(statuses=[JobStatus.PENDING])
+        if not pending:
+            return
+        active = self.store.list_jobs(statuses=ACTIVE)
+        snapshot = build_snapshot(self.nodes, pending, active)
+        by_id = {j.id: j for j in pending}
+        for decision in plan_cycle(snapshot):
+            job = by_id[decision.workload_id]
+            if isinstance(decision, Admit):
+                self._launch(job, decision)
+            elif isinstance(decision, Wait):
+                self._wait(job, decision)
+
+    def _launch(self, job: JobRecord, decision: Admit) -> None:
+        attempt = job.attempt + 1
+        rec = self.store.transition(
+            job.id, JobStatus.PENDING, JobStatus.ADMITTED, Reason.ADMITTED,
+            "placed on " + ", ".join(n[:8] for n in decision.placement),
+            placement=list(decision.placement), attempt=attempt,
+        )  # fmt: skip
+        if rec is None:
+            return  # cancelled meanwhile
+        spec = JobSpec.model_validate(rec.spec)
+        env = dict(spec.env)
+        env.update(
+            AICLUSTER_JOB_ID=rec.id, AICLUSTER_JOB_NAME=rec.name, AICLUSTER_TEAM=rec.team,
+            AICLUSTER_ATTEMPT=str(attempt), AICLUSTER_RESTARTS=str(rec.restarts),
+            AICLUSTER_CHECKPOINT_DIR=str(self.home / "checkpoints" / rec.team / rec.id),
+        )  # fmt: skip
+        workdir = None
+        if rec.has_workdir:
+            workdir = (self.workdirs / f"{rec.id}.tar.gz").read_bytes()
+        req = LaunchRequest(
+            job_id=rec.id, attempt=attempt, placement=decision.placement,
+            cpus=spec.resources.cpus, memory=spec.resources.memory, gpus=spec.resources.gpus,
+            command=spec.command, env=env, workdir=workdir,
+        )  # fmt: skip
+        self.launching[rec.id] = self.pool.submit(self.engine.launch, req)
+
+    def _wait(self, job: JobRecord, decision: Wait) -> None:
+        limit = job.spec.get("max_pending_seconds")
+        if decision.never_fits and limit and self.clock() - job.created_at > limit:
+            self.store.transition(
+                job.id, JobStatus.PENDING, JobStatus.FAILED, Reason.COULD_NEVER_FIT,
+                decision.reason,
+            )  # fmt: skip
+        else:
+            self.store.set_wait_message(job.id, decision.reason)
+
+    # -- garbage --------------------------------------------------------------------
+
+    def collect_garbage(self) -> None:
+        """Stop gangs that no live attempt owns (cancelled mid-launch, crashed, stale)."""
+        for job_id, attempt in self.engine.running_gangs():
+            if job_id in self.launching:
+                continue
+            job = self.store.get_job(job_id)
+            if job is None or job.status not in ACTIVE or job.attempt != attempt:
+                workers = len(job.placement or []) if job and job.placement else 0
+                self.engine.stop(job_id, attempt, max(workers, _spec_workers(job)))
+
+
+def _spec_workers(job: JobRecord | None) -> int:
+    return int(job.spec.get("workers", 1)) if job else 64
+
+
+__all__ = ["Controller", "LaunchError"]

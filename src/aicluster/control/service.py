@@ -1,0 +1,161 @@
+"""Service functions behind the API: every check of who may do what lives here.
+
+Vocabulary: a Principal is the caller. Admins see every team; members and viewers
+see only their team's jobs, and a job of another team is reported as not found,
+never as forbidden, so that its existence does not leak. Viewers cannot change
+anything.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from pathlib import Path
+
+from aicluster.control.logs import LogStore
+from aicluster.core.lifecycle import JobStatus, Reason
+from aicluster.engine.protocol import Engine
+from aicluster.spec.errors import SpecError, SpecIssue
+from aicluster.spec.job import JobSpec
+from aicluster.spec.loader import validate_spec
+from aicluster.store.db import JobRecord, Principal, Store
+
+MAX_WORKDIR_BYTES = 64 * 2**20
+
+
+class NotFoundError(Exception):
+    pass
+
+
+class ForbiddenError(Exception):
+    pass
+
+
+class BadRequest(Exception):
+    pass
+
+
+@dataclass
+class Services:
+    store: Store
+    engine: Engine
+    logs: LogStore
+    workdirs: Path
+
+    # -- jobs ----------------------------------------------------------------------
+
+    def submit(self, who: Principal, spec_doc: dict, workdir_b64: str | None) -> JobRecord:
+        if who.role == "viewer":
+            raise ForbiddenError("viewers cannot submit jobs")
+        spec: JobSpec = validate_spec(spec_doc, "request body")
+        if not who.is_admin and spec.team != who.team:
+            raise SpecError(
+                "request body",
+                [SpecIssue("team", f"you may submit only to your team {who.team!r}")],
+            )
+        if not self.store.team_exists(spec.team):
+            raise SpecError("request body", [SpecIssue("team", f"team {spec.team!r} does not exist")])
+        blob = _decode_workdir(workdir_b64)
+        job = self.store.create_job(spec.model_dump(mode="json"), who.user, blob is not None)
+        if blob is not None:
+            self.workdirs.mkdir(parents=True, exist_ok=True)
+            tmp = self.workdirs / f".{job.id}.tmp"
+            tmp.write_bytes(blob)
+            tmp.replace(self.workdirs / f"{job.id}.tar.gz")
+        return job
+
+    def list_jobs(
+        self, who: Principal, statuses: list[str] | None, team: str | None
+    ) -> list[JobRecord]:
+        if not who.is_admin:
+            team = who.team
+        try:
+            sts = [JobStatus(s.upper()) for s in statuses] if statuses else None
+        except ValueError:
+            raise BadRequest(
+                f"status must be one of {', '.join(s.value for s in JobStatus)}"
+            ) from None
+        return self.store.list_jobs(team=team, statuses=sts)
+
+    def get_job(self, who: Principal, job_id: str) -> JobRecord:
+        job = self.store.get_job(job_id)
+        if job is None or not (who.is_admin or job.team == who.team):
+            raise NotFoundError(f"job {job_id} not found")
+        return job
+
+    def cancel(self, who: Principal, job_id: str) -> JobRecord:
+        job = self.get_job(who, job_id)
+        if who.role == "viewer":
+            raise ForbiddenError("viewers cannot cancel jobs")
+        while not job.status.terminal:
+            done = self.store.transition(
+                job.id, job.status, JobStatus.CANCELLED, Reason.CANCELLED_BY_USER,
+                f"cancelled by {who.user}", actor=who.user,
+            )  # fmt: skip
+            if done is not None:
+                if job.attempt > 0 and job.status != JobStatus.PENDING:
+                    self._drain_and_stop(job)
+                return done
+            job = self.store.get_job(job_id)
+        return job
+
+    def _drain_and_stop(self, job: JobRecord) -> None:
+        n = len(job.placement or [])
+        offsets = [self.logs.offset(job.id, job.attempt, r) for r in range(n)]
+        for s in self.engine.status(job.id, job.attempt, offsets):
+            self.logs.append(job.id, job.attempt, s.rank, s.log)
+        self.engine.stop(job.id, job.attempt, n)
+
+    def read_logs(
+        self, who: Principal, job_id: str, rank: int, attempt: int | None, offset: int
+    ) -> tuple[bytes, JobRecord, int]:
+        job = self.get_job(who, job_id)
+        workers = int(job.spec.get("workers", 1))
+        if not 0 <= rank < workers:
+            raise BadRequest(f"rank must be between 0 and {workers - 1}")
+        attempt = job.attempt if attempt is None else attempt
+        return self.logs.read(job.id, attempt, rank, offset), job, attempt
+
+    def events(self, who: Principal, after: int, object_id: str | None):
+        team = None if who.is_admin else who.team
+        return self.store.list_events(team=team, object_id=object_id, after=after)
+
+    # -- teams and tokens ------------------------------------------------------------
+
+    def create_team(self, who: Principal, name: str) -> None:
+        _admin_only(who)
+        JobSpec.model_validate({"name": "x", "team": name, "command": "x"})  # name rules
+        self.store.create_team(name, actor=who.user)
+
+    def create_token(self, who: Principal, user: str, team: str | None, role: str) -> str:
+        _admin_only(who)
+        if role not in ("admin", "member", "viewer"):
+            raise BadRequest("role must be admin, member or viewer")
+        if role != "admin" and not team:
+            raise BadRequest("team is required for members and viewers")
+        existing = self.store.get_user(user)
+        if existing is None:
+            self.store.create_user(user, team, role)
+        elif (existing.team, existing.role) != (team, role):
+            raise BadRequest(
+                f"user {user!r} exists with team {existing.team!r} and role {existing.role!r}"
+            )
+        return self.store.create_token(user)
+
+
+def _admin_only(who: Principal) -> None:
+    if not who.is_admin:
+        raise ForbiddenError("this needs an admin token")
+
+
+def _decode_workdir(b64: str | None) -> bytes | None:
+    if not b64:
+        return None
+    try:
+        blob = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest("workdir must be a base64-encoded .tar.gz") from None
+    if len(blob) > MAX_WORKDIR_BYTES:
+        raise BadRequest(f"workdir is larger than {MAX_WORKDIR_BYTES // 2**20} MiB")
+    return blob

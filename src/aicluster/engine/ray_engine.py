@@ -1,0 +1,219 @@
+"""RayEngine: realises the scheduler's decisions on a Ray cluster, exactly.
+
+A gang is a detached placement group `aic-<job>-a<attempt>` whose bundle i is
+pinned (label selector `ray.io/node-id`) to placement[i], and one detached actor
+per bundle, `aic-<job>-a<attempt>-r<rank>`, that runs the worker's command.
+Detached lifetimes let gangs outlive a control-plane restart; names let a new
+control plane find them again. Every Ray call of aicluster lives in this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from aicluster.engine.protocol import (
+    GPU_MODEL_LABEL,
+    POOL_LABEL,
+    LaunchError,
+    LaunchRequest,
+    NodeInfo,
+    WorkerState,
+)
+from aicluster.runtime.torchenv import worker_env
+from aicluster.runtime.worker import WorkerProcess
+
+log = logging.getLogger(__name__)
+NAMESPACE = "aicluster"
+_ACTOR_RE = re.compile(r"^aic-(?P<job>.+)-a(?P<attempt>\d+)-r(?P<rank>\d+)$")
+_LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ValueError)
+
+
+def gang_name(job_id: str, attempt: int) -> str:
+    return f"aic-{job_id}-a{attempt}"
+
+
+def actor_name(job_id: str, attempt: int, rank: int) -> str:
+    return f"{gang_name(job_id, attempt)}-r{rank}"
+
+
+class _WorkerActor(WorkerProcess):
+    def where(self) -> dict:
+        """The node this worker really runs on and the GPUs Ray granted it."""
+        return {
+            "ip": ray.util.get_node_ip_address(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "gpu_ids": [int(g) for g in ray.get_gpu_ids()],
+        }
+
+
+_RemoteWorker = ray.remote(max_restarts=0, max_concurrency=4)(_WorkerActor)
+
+
+class RayEngine:
+    def __init__(self, address: str, *, call_timeout: float = 10.0, launch_timeout: float = 60.0):
+        if not ray.is_initialized():
+            ray.init(
+                address=address,
+                namespace=NAMESPACE,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                _node_ip_address="127.0.0.1" if address.startswith("127.") else None,
+            )
+        self.call_timeout = call_timeout
+        self.launch_timeout = launch_timeout
+
+    def close(self) -> None:
+        ray.shutdown()
+
+    # -- inventory ----------------------------------------------------------------
+
+    def nodes(self) -> list[NodeInfo]:
+        out = []
+        for n in ray.nodes():
+            res, labels = n.get("Resources", {}), dict(n.get("Labels") or {})
+            labels.pop("ray.io/node-id", None)
+            out.append(
+                NodeInfo(
+                    node_id=n["NodeID"],
+                    name=f"{n.get('NodeManagerHostname') or n.get('NodeName', '')}-{n['NodeID'][:6]}",
+                    address=n.get("NodeManagerAddress", ""),
+                    alive=bool(n.get("Alive")),
+                    cpus=float(res.get("CPU", 0)),
+                    memory=int(res.get("memory", 0)),
+                    gpus=int(res.get("GPU", 0)),
+                    gpu_model=labels.get(GPU_MODEL_LABEL) or _accelerator(res),
+                    pool=labels.get(POOL_LABEL, "default"),
+                    labels=labels,
+                    is_head="node:__internal_head__" in res,
+                )
+            )
+        return out
+
+    # -- gangs --------------------------------------------------------------------
+
+    def launch(self, req: LaunchRequest) -> None:
+        """Create the pinned placement group and start one worker per bundle.
+
+        Raises LaunchError when the group cannot be placed or a worker cannot start;
+        whatever was created is then removed again.
+        """
+        bundle = {"CPU": req.cpus}
+        if req.gpus:
+            bundle["GPU"] = req.gpus
+        if req.memory:
+            bundle["memory"] = req.memory
+        try:
+            pg = placement_group(
+                [dict(bundle) for _ in req.placement],
+                strategy="PACK",
+                name=gang_name(req.job_id, req.attempt),
+                lifetime="detached",
+                bundle_label_selector=[{"ray.io/node-id": n} for n in req.placement],
+            )
+            if not pg.wait(timeout_seconds=self.launch_timeout):
+                raise LaunchError("placement group not ready in time (capacity taken outside aicluster?)")
+            actors = [
+                _RemoteWorker.options(
+                    name=actor_name(req.job_id, req.attempt, rank),
+                    lifetime="detached",
+                    num_cpus=req.cpus,
+                    num_gpus=req.gpus,
+                    memory=req.memory or None,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        pg, placement_group_bundle_index=rank
+                    ),
+                ).remote(req.job_id, req.attempt, rank)
+                for rank in range(len(req.placement))
+            ]
+            where = ray.get([a.where.remote() for a in actors], timeout=self.launch_timeout)
+            master_addr, master_port = ray.get(
+                actors[0].node_address.remote(where[0]["ip"]), timeout=self.call_timeout
+            )
+            workdir = ray.put(req.workdir) if req.workdir else None
+            starts = []
+            for rank, actor in enumerate(actors):
+                env = dict(req.env)
+                env.update(
+                    worker_env(
+                        placement=req.placement, rank=rank, master_addr=master_addr,
+                        master_port=master_port, gpu_ids=where[rank]["gpu_ids"],
+                    )  # fmt: skip
+                )
+                env["AICLUSTER_NODE_ID"] = where[rank]["node_id"]
+                starts.append(actor.start.remote(req.command, env, workdir))
+            ray.get(starts, timeout=self.launch_timeout)
+        except LaunchError:
+            self.stop(req.job_id, req.attempt, len(req.placement))
+            raise
+        except Exception as exc:  # noqa: BLE001 - any Ray failure is a launch failure
+            self.stop(req.job_id, req.attempt, len(req.placement))
+            raise LaunchError(f"{type(exc).__name__}: {exc}") from exc
+
+    def status(self, job_id: str, attempt: int, offsets: list[int]) -> list[WorkerState]:
+        refs = {}
+        states: dict[int, WorkerState] = {}
+        for rank, offset in enumerate(offsets):
+            actor = self._actor(job_id, attempt, rank)
+            if actor is None:
+                states[rank] = WorkerState(rank, lost=True)
+            else:
+                refs[rank] = actor.status.remote(offset)
+        for rank, ref in refs.items():
+            try:
+                st = ray.get(ref, timeout=self.call_timeout)
+                states[rank] = WorkerState(
+                    rank, st["started"], st["exit_code"], False, st["log"], st["pid"]
+                )
+            except _LOST:
+                states[rank] = WorkerState(rank, lost=True)
+            except ray.exceptions.GetTimeoutError:
+                states[rank] = WorkerState(rank, started=True)  # busy: unknown, not lost
+        return [states[r] for r in range(len(offsets))]
+
+    def stop(self, job_id: str, attempt: int, workers: int, grace: float = 5.0) -> None:
+        """Kill every worker process, then the actors, then free the placement group."""
+        actors = [self._actor(job_id, attempt, r) for r in range(workers)]
+        actors = [a for a in actors if a is not None]
+        pending = [a.stop.remote(grace) for a in actors]
+        for ref in pending:
+            try:
+                ray.get(ref, timeout=grace + 10)
+            except Exception:  # noqa: BLE001 - a dead worker has nothing left to stop
+                pass
+        for a in actors:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        try:
+            pg = ray.util.get_placement_group(gang_name(job_id, attempt))
+            remove_placement_group(pg)
+        except ValueError:
+            pass
+
+    def running_gangs(self) -> set[tuple[str, int]]:
+        """(job id, attempt) of every gang that still has a named actor."""
+        out = set()
+        for name in ray.util.list_named_actors(all_namespaces=False):
+            m = _ACTOR_RE.match(name)
+            if m:
+                out.add((m["job"], int(m["attempt"])))
+        return out
+
+    def _actor(self, job_id: str, attempt: int, rank: int):
+        try:
+            return ray.get_actor(actor_name(job_id, attempt, rank), namespace=NAMESPACE)
+        except ValueError:
+            return None
+
+
+def _accelerator(resources: dict) -> str | None:
+    for key in resources:
+        if key.startswith("accelerator_type:"):
+            return key.split(":", 1)[1]
+    return None

@@ -1,0 +1,133 @@
+"""Starting and stopping the Ray processes of one machine (`ray start` / kill).
+
+Invariants: every process started here carries this installation's RAY_TMPDIR in
+its environment, which is how `kill_installation` finds all of them — Ray's
+daemons, actor workers and the user commands they run — and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from aicluster.engine.rayenv import ray_env, ray_temp_dir
+
+
+class RayStartError(Exception):
+    pass
+
+
+def _ray_bin() -> str:
+    return str(Path(sys.executable).parent / "ray")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _labels_arg(labels: dict[str, str]) -> list[str]:
+    if not labels:
+        return []
+    return ["--labels", ",".join(f"{k}={v}" for k, v in sorted(labels.items()))]
+
+
+def _common_args(
+    home: Path, node_ip: str, num_cpus, num_gpus, labels: dict[str, str]
+) -> list[str]:
+    args = [
+        f"--node-ip-address={node_ip}",
+        f"--temp-dir={ray_temp_dir(home)}",
+        "--disable-usage-stats",
+        f"--dashboard-agent-listen-port={_free_port()}",
+        f"--dashboard-agent-grpc-port={_free_port()}",
+        f"--runtime-env-agent-port={_free_port()}",
+        f"--metrics-export-port={_free_port()}",
+    ]
+    if num_cpus is not None:
+        args.append(f"--num-cpus={num_cpus}")
+    if num_gpus is not None:
+        args.append(f"--num-gpus={num_gpus}")
+    return args + _labels_arg(labels)
+
+
+def _run(cmd: list[str], home: Path, loopback: bool, log_name: str) -> None:
+    env = dict(os.environ)
+    env.update(ray_env(home, loopback))
+    log_path = home / log_name
+    with open(log_path, "ab") as log:
+        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=180)
+    if proc.returncode != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-15:]
+        raise RayStartError("`ray start` failed:\n" + "\n".join(tail))
+
+
+def start_head(
+    home: Path, *, node_ip: str = "127.0.0.1", port: int = 0, num_cpus=None, num_gpus=None,
+    labels: dict[str, str] | None = None,
+) -> str:  # fmt: skip
+    """Start this machine's Ray head; return its address host:port."""
+    port = port or _free_port()
+    cmd = [_ray_bin(), "start", "--head", f"--port={port}", "--include-dashboard=false"]
+    cmd += _common_args(home, node_ip, num_cpus, num_gpus, labels or {})
+    _run(cmd, home, node_ip.startswith("127."), "ray-start.log")
+    return f"{node_ip}:{port}"
+
+
+def join(
+    home: Path, head: str, *, node_ip: str = "127.0.0.1", num_cpus=None, num_gpus=None,
+    labels: dict[str, str] | None = None,
+) -> None:  # fmt: skip
+    cmd = [_ray_bin(), "start", f"--address={head}"]
+    cmd += _common_args(home, node_ip, num_cpus, num_gpus, labels or {})
+    _run(cmd, home, node_ip.startswith("127."), "ray-join.log")
+
+
+def installation_processes(home: Path) -> list[psutil.Process]:
+    tmp = str(ray_temp_dir(home))
+    me = os.getpid()
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me:
+            continue
+        try:
+            if proc.environ().get("RAY_TMPDIR") == tmp:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def kill_installation(home: Path, grace: float = 10.0) -> int:
+    """Terminate every process of this installation; return how many there were."""
+    procs = installation_processes(home)
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+    deadline = time.time() + 5
+    while installation_processes(home) and time.time() < deadline:
+        for p in installation_processes(home):
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.2)
+    return len(procs)

@@ -1,0 +1,1 @@
+"""What runs on worker nodes: the worker launcher and, later, engine adapters."""

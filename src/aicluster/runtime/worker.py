@@ -1,0 +1,133 @@
+"""One worker of a job: runs the user's command as a subprocess and keeps its log.
+
+Invariants:
+- The command runs in its own session (process group); `stop` kills the whole
+  group, and the child is asked to die with its parent (PR_SET_PDEATHSIG), so a
+  killed worker leaves no orphan behind.
+- The log is a file on the worker's node; readers pull it by byte offset, so a
+  reader that restarts resumes exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def extract_workdir(blob: bytes | None, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    if not blob:
+        return
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+        tar.extractall(dest, filter="data")
+
+
+class WorkerProcess:
+    """Lives in a Ray actor on the worker's node (see engine.ray_engine)."""
+
+    def __init__(self, job_id: str, attempt: int, rank: int, scratch_root: str | None = None):
+        self.job_id, self.attempt, self.rank = job_id, attempt, rank
+        root = Path(scratch_root or tempfile.gettempdir()) / "aicluster-work"
+        self.dir = root / f"{job_id}-a{attempt}-r{rank}"
+        self.log_path = self.dir / "output.log"
+        self.proc: subprocess.Popen | None = None
+        self.started_at: float | None = None
+
+    def node_address(self, host: str) -> tuple[str, int]:
+        return host, free_port(host)
+
+    def start(self, command, env: dict[str, str], workdir: bytes | None) -> int:
+        if self.proc is not None:
+            return self.proc.pid  # idempotent: never start twice
+        shutil.rmtree(self.dir, ignore_errors=True)
+        cwd = self.dir / "workdir"
+        extract_workdir(workdir, cwd)
+        full_env = dict(os.environ)
+        full_env.update(env)
+        bindir = os.path.dirname(sys.executable)
+        full_env["PATH"] = bindir + os.pathsep + full_env.get("PATH", "")
+        full_env["PYTHONUNBUFFERED"] = "1"
+        log = open(self.log_path, "ab", buffering=0)
+        try:
+            self.proc = subprocess.Popen(
+                command,
+                shell=isinstance(command, str),
+                cwd=cwd,
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as exc:
+            log.write(f"aicluster: cannot start command: {exc}\n".encode())
+            raise
+        finally:
+            log.close()
+        self.started_at = time.time()
+        return self.proc.pid
+
+    def status(self, log_offset: int, max_bytes: int = 1 << 20) -> dict:
+        """Exit code (None while running) and the log bytes from `log_offset`."""
+        code = None if self.proc is None else self.proc.poll()
+        chunk = b""
+        if self.log_path.exists():
+            with open(self.log_path, "rb") as f:
+                f.seek(log_offset)
+                chunk = f.read(max_bytes)
+        return {
+            "started": self.proc is not None,
+            "pid": self.proc.pid if self.proc else None,
+            "exit_code": code,
+            "log": chunk,
+        }
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        self._signal(signal.SIGKILL)  # whatever of the group is left
+        try:
+            return self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,107 @@
+"""Real parts for integration and e2e tests: a multi-node Ray cluster on one
+machine and the control plane as its own process, on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from aicluster.cli.sdk import Client
+from aicluster.engine.protocol import GPU_MODEL_LABEL, POOL_LABEL
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(cond, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+def start_cluster(ray_home: Path):
+    """Head (no CPUs: it runs only the control plane's driver) + two 4-CPU, 2-GPU nodes."""
+    from ray.cluster_utils import Cluster
+
+    common = dict(node_ip_address="127.0.0.1", include_dashboard=False)
+    cluster = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args=dict(num_cpus=0, num_gpus=0, labels={POOL_LABEL: "system"}, **common),
+    )
+    nodes = []
+    for rack in ("r1", "r2"):
+        labels = {POOL_LABEL: "gpu", GPU_MODEL_LABEL: "A100", "rack": rack}
+        nodes.append(cluster.add_node(num_cpus=4, num_gpus=2, labels=labels, **common))
+    cluster.wait_for_nodes()
+    return cluster, nodes
+
+
+@dataclass
+class ControlPlaneProc:
+    home: Path
+    ray_address: str
+    port: int
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_token(self) -> str:
+        return (self.home / "admin.token").read_text().strip()
+
+    def start(self) -> None:
+        env = dict(os.environ)  # the session's Ray environment (see tests/conftest.py)
+        self.home.mkdir(parents=True, exist_ok=True)
+        log = open(self.home / "controlplane.log", "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "aicluster.api.server", "--home", str(self.home),
+             "--ray-address", self.ray_address, "--port", str(self.port)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        client = Client(self.url, None, timeout=5)
+
+        def healthy():
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    "control plane exited:\n" + (self.home / "controlplane.log").read_text()[-3000:]
+                )
+            try:
+                client.health()
+                return True
+            except Exception:  # noqa: BLE001 - not up yet
+                return False
+
+        wait_for(healthy, timeout=90, interval=0.2, what="control plane /healthz")
+
+    def kill9(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+    def client(self, token: str | None = None) -> Client:
+        return Client(self.url, token or self.admin_token)
