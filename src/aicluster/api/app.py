@@ -42,7 +42,7 @@ def job_json(job: JobRecord, events=None) -> dict:
     d["status"] = job.status.value
     d["workers"] = int(job.spec.get("workers", 1))
     d.pop("seq", None)
-    d.pop("has_workdir", None)
+    d["has_workdir"] = bool(d.pop("workdir", None))
     if events is not None:
         d["events"] = [asdict(e) for e in events]
     return d

@@ -51,9 +51,14 @@ class ControlPlane:
         self.engine = RayEngine(ray_address)
         logs = LogStore(home / "logs")
         workdirs = home / "workdirs"
-        self.controller = Controller(self.store, self.engine, logs, workdirs, home)
-        self.app = create_app(Services(self.store, self.engine, logs, workdirs))
         self.stopping = threading.Event()
+        self.wakeup = threading.Event()
+        self.controller = Controller(
+            self.store, self.engine, logs, workdirs, home, notify=self.wakeup.set
+        )
+        self.app = create_app(
+            Services(self.store, self.engine, logs, workdirs, notify=self.wakeup.set)
+        )
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
@@ -61,7 +66,8 @@ class ControlPlane:
                 self.controller.tick()
             except Exception:  # noqa: BLE001 - keep reconciling; the next tick retries
                 log.exception("controller tick failed")
-            self.stopping.wait(self.tick_s)
+            self.wakeup.wait(self.tick_s)  # a submit or a finished launch ticks at once
+            self.wakeup.clear()
 
     def serve(self) -> None:
         import uvicorn
@@ -75,6 +81,7 @@ class ControlPlane:
             uvicorn.Server(config).run()
         finally:
             self.stopping.set()
+            self.wakeup.set()
             loop.join(timeout=30)
             self.controller.close()
             self.store.close()

@@ -43,8 +43,8 @@ class Role(str, Enum):
     viewer = "viewer"
 
 
-_URL_HELP = "API URL [default: AICLUSTER_URL, else the one `aicluster up` wrote]"
-_TOKEN_HELP = "API token [default: AICLUSTER_TOKEN, else admin.token]"
+_URL_HELP = "API URL (default: AICLUSTER_URL, else the one `aicluster up` wrote)"
+_TOKEN_HELP = "API token (default: AICLUSTER_TOKEN, else admin.token)"
 UrlOpt = Annotated[Optional[str], typer.Option("--url", help=_URL_HELP)]
 TokenOpt = Annotated[Optional[str], typer.Option("--token", help=_TOKEN_HELP)]
 OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="table or json")]
@@ -193,9 +193,9 @@ def describe(
 
 def logs(
     job_id: JobArg,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="stream until the job ends")] = False,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="until the job ends")] = False,
     rank: Annotated[int, typer.Option("--rank", help="worker rank", min=0)] = 0,
-    attempt: Annotated[Optional[int], typer.Option("--attempt", help="[default: latest]")] = None,
+    attempt: Annotated[Optional[int], typer.Option("--attempt", help="(default: latest)")] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
@@ -230,8 +230,12 @@ def cancel(job_id: JobArg, url: UrlOpt = None, token: TokenOpt = None) -> None:
 # --- nodes and events ----------------------------------------------------------------
 
 
+def _node_name(node: dict) -> str:
+    return (node.get("name") or node.get("node_id") or "-") + " (head)" * bool(node.get("is_head"))
+
+
 NODE_COLUMNS: list[out.Column] = [
-    ("NODE", lambda n: f"{n.get('name') or n.get('node_id')}{' (head)' if n.get('is_head') else ''}"),
+    ("NODE", _node_name),
     ("POOL", "pool"),
     ("ALIVE", lambda n: Text("yes", style="green") if n.get("alive") else Text("no", style="red")),
     ("CPUS", lambda n: out.used_total(n, "cpus")),

@@ -87,7 +87,7 @@ def up(
     ray_port: Annotated[int, typer.Option(help="Ray head port (0: any free port)")] = 0,
     api_host: Annotated[str, typer.Option(help="API bind address")] = "127.0.0.1",
     api_port: Annotated[int, typer.Option(help="API port")] = 8765,
-    num_cpus: Annotated[Optional[float], typer.Option(help="CPUs this node offers")] = None,
+    num_cpus: Annotated[Optional[int], typer.Option(help="CPUs this node offers")] = None,
     num_gpus: Annotated[Optional[int], typer.Option(help="GPUs this node offers")] = None,
     pool: Annotated[str, typer.Option(help="pool of this node")] = "default",
     label: Annotated[Optional[list[str]], typer.Option(help="node label key=value")] = None,
@@ -166,7 +166,7 @@ def join(
     pool: Annotated[str, typer.Option(help="pool of this node")] = "default",
     label: Annotated[Optional[list[str]], typer.Option(help="node label key=value")] = None,
     address: Annotated[str, typer.Option(help="IP this node's Ray binds to")] = "127.0.0.1",
-    num_cpus: Annotated[Optional[float], typer.Option(help="CPUs this node offers")] = None,
+    num_cpus: Annotated[Optional[int], typer.Option(help="CPUs this node offers")] = None,
     num_gpus: Annotated[Optional[int], typer.Option(help="GPUs this node offers")] = None,
     gpu_model: Annotated[Optional[str], typer.Option(help="GPU model, e.g. H100")] = None,
     ray_token_file: Annotated[
@@ -206,7 +206,23 @@ def join(
     out.print(f"joined {head_address} as a node of pool {pool}")
 
 
+def info() -> None:
+    """Where the API listens and how to authenticate."""
+    home = home_dir()
+    cp = _read_json(home / "controlplane.json")
+    url = cp.get("url")
+    if not url or not _healthy(url):
+        err.print(f"aicluster is not running for AICLUSTER_HOME={home} (start it with: aicluster up)")
+        raise typer.Exit(1)
+    token = home / "admin.token"
+    out.print(f"API:          {url}   (OpenAPI: {url}/docs)")
+    out.print(f"admin token:  {token}")
+    out.print(f"use it:       export AICLUSTER_TOKEN=$(cat {token})")
+    out.print("stop it all:  aicluster down")
+
+
 def register(app: typer.Typer) -> None:
+    app.command()(info)
     app.command()(up)
     app.command()(down)
     app.command()(join)

@@ -35,7 +35,7 @@ from aicluster.spec.errors import SpecIssue
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 EXCLUDED_NAMES = frozenset({".git"})  # skipped whether file or folder
 EXCLUDED_DIRS = frozenset({".git", "__pycache__", ".venv", "checkpoints"})
-MAX_WORKDIR_BYTES = 100 * 2**20  # compressed size limit of an uploaded working_dir
+MAX_WORKDIR_BYTES = 64 * 2**20  # the API refuses larger working dirs
 
 
 class ApiError(Exception):

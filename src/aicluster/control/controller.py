@@ -35,9 +35,10 @@ GC_EVERY_S = 5.0
 class Controller:
     def __init__(
         self, store: Store, engine: Engine, logs: LogStore, workdirs: Path, home: Path,
-        clock=time.time, launch_threads: int = 4,
+        clock=time.time, launch_threads: int = 4, notify=lambda: None,
     ):  # fmt: skip
         self.store, self.engine, self.logs = store, engine, logs
+        self.notify = notify
         self.workdirs, self.home, self.clock = workdirs, home, clock
         self.launching: dict[str, Future] = {}
         self.pool = ThreadPoolExecutor(launch_threads, thread_name_prefix="launch")
@@ -180,22 +181,29 @@ class Controller:
         )  # fmt: skip
         if rec is None:
             return  # cancelled meanwhile
+        try:
+            req = self._launch_request(rec, attempt)
+        except (OSError, ValueError) as exc:
+            self._end_attempt(rec, Reason.LAUNCH_FAILED, f"cannot prepare the launch: {exc}")
+            return
+        fut = self.pool.submit(self.engine.launch, req)
+        fut.add_done_callback(lambda _f: self.notify())
+        self.launching[rec.id] = fut
+
+    def _launch_request(self, rec: JobRecord, attempt: int) -> LaunchRequest:
         spec = JobSpec.model_validate(rec.spec)
         env = dict(spec.env)
         env.update(
             AICLUSTER_JOB_ID=rec.id, AICLUSTER_JOB_NAME=rec.name, AICLUSTER_TEAM=rec.team,
             AICLUSTER_ATTEMPT=str(attempt), AICLUSTER_RESTARTS=str(rec.restarts),
-            AICLUSTER_CHECKPOINT_DIR=str(self.home / "checkpoints" / rec.team / rec.id),
+            AICLUSTER_CHECKPOINT_DIR=str(self.home / "checkpoints" / rec.team / rec.name),
         )  # fmt: skip
-        workdir = None
-        if rec.has_workdir:
-            workdir = (self.workdirs / f"{rec.id}.tar.gz").read_bytes()
-        req = LaunchRequest(
-            job_id=rec.id, attempt=attempt, placement=decision.placement,
+        workdir = (self.workdirs / rec.workdir).read_bytes() if rec.workdir else None
+        return LaunchRequest(
+            job_id=rec.id, attempt=attempt, placement=tuple(rec.placement),
             cpus=spec.resources.cpus, memory=spec.resources.memory, gpus=spec.resources.gpus,
             command=spec.command, env=env, workdir=workdir,
         )  # fmt: skip
-        self.launching[rec.id] = self.pool.submit(self.engine.launch, req)
 
     def _wait(self, job: JobRecord, decision: Wait) -> None:
         limit = job.spec.get("max_pending_seconds")

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from aicluster.control.logs import LogStore
 from aicluster.core.lifecycle import JobStatus, Reason
@@ -42,6 +44,7 @@ class Services:
     engine: Engine
     logs: LogStore
     workdirs: Path
+    notify: Callable[[], None] = field(default=lambda: None)  # wakes the reconcile loop
 
     # -- jobs ----------------------------------------------------------------------
 
@@ -57,12 +60,15 @@ class Services:
         if not self.store.team_exists(spec.team):
             raise SpecError("request body", [SpecIssue("team", f"team {spec.team!r} does not exist")])
         blob = _decode_workdir(workdir_b64)
-        job = self.store.create_job(spec.model_dump(mode="json"), who.user, blob is not None)
-        if blob is not None:
+        ref = None
+        if blob is not None:  # stored before the job exists, so a launch always finds it
             self.workdirs.mkdir(parents=True, exist_ok=True)
-            tmp = self.workdirs / f".{job.id}.tmp"
+            ref = f"{uuid.uuid4().hex}.tar.gz"
+            tmp = self.workdirs / f".{ref}.tmp"
             tmp.write_bytes(blob)
-            tmp.replace(self.workdirs / f"{job.id}.tar.gz")
+            tmp.replace(self.workdirs / ref)
+        job = self.store.create_job(spec.model_dump(mode="json"), who.user, ref)
+        self.notify()
         return job
 
     def list_jobs(

@@ -7,6 +7,7 @@ daemons, actor workers and the user commands they run — and nothing else.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -87,9 +88,19 @@ def join(
     home: Path, head: str, *, node_ip: str = "127.0.0.1", num_cpus=None, num_gpus=None,
     labels: dict[str, str] | None = None,
 ) -> None:  # fmt: skip
-    cmd = [_ray_bin(), "start", f"--address={head}"]
-    cmd += _common_args(home, node_ip, num_cpus, num_gpus, labels or {})
-    _run(cmd, home, node_ip.startswith("127."), "ray-join.log")
+    loopback = node_ip.startswith("127.")
+    if loopback:
+        args = {
+            "gcs_address": head, "node_ip": node_ip, "num_cpus": num_cpus,
+            "num_gpus": num_gpus, "labels": labels or {}, "temp_dir": str(ray_temp_dir(home)),
+            "dashboard_agent_listen_port": _free_port(), "runtime_env_agent_port": _free_port(),
+            "metrics_export_port": _free_port(),
+        }  # fmt: skip
+        cmd = [sys.executable, "-m", "aicluster.engine.raynode_join", json.dumps(args)]
+    else:
+        cmd = [_ray_bin(), "start", f"--address={head}"]
+        cmd += _common_args(home, node_ip, num_cpus, num_gpus, labels or {})
+    _run(cmd, home, loopback, "ray-join.log")
 
 
 def installation_processes(home: Path) -> list[psutil.Process]:

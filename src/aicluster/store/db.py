@@ -55,7 +55,7 @@ class JobRecord:
     restarts: int
     attempt: int
     placement: list | None
-    has_workdir: bool
+    workdir: str | None
     created_at: float
     updated_at: float
     started_at: float | None
@@ -183,7 +183,7 @@ class Store:
 
     # -- jobs -------------------------------------------------------------------
 
-    def create_job(self, spec: dict, owner: str, has_workdir: bool) -> JobRecord:
+    def create_job(self, spec: dict, owner: str, workdir: str | None = None) -> JobRecord:
         now = self.clock()
         with self._session.begin() as s:
             if s.get(TeamRow, spec["team"]) is None:
@@ -199,7 +199,7 @@ class Store:
                 priority=spec.get("priority", 0),
                 restarts=0,
                 attempt=0,
-                has_workdir=has_workdir,
+                workdir=workdir,
                 created_at=now,
                 updated_at=now,
             )

@@ -50,7 +50,7 @@ class JobRow(Base):
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     placement: Mapped[list | None] = mapped_column(JSON, nullable=True)
-    has_workdir: Mapped[bool] = mapped_column(default=False)
+    workdir: Mapped[str | None] = mapped_column(String(80), nullable=True)  # blob file name
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)

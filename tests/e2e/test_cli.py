@@ -1,0 +1,129 @@
+"""The CLI as a user runs it: up, join, submit the DDP example, inspect, cancel, down.
+
+Runs its own installation (AICLUSTER_HOME under tmp) with its own Ray head, apart
+from the integration session's cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from aicluster.engine.raynode import installation_processes
+from harness import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+AICLUSTER = [sys.executable, "-m", "aicluster.cli.main"]
+
+
+def cli_env(home: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AICLUSTER_"))}
+    env["AICLUSTER_HOME"] = str(home)
+    return env
+
+
+def run(home: Path, *args: str, check: bool = True, timeout: float = 240):
+    proc = subprocess.run(
+        AICLUSTER + list(args), env=cli_env(home), cwd=ROOT, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    if check and proc.returncode != 0:
+        raise AssertionError(f"aicluster {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory):
+    home = tmp_path_factory.mktemp("head")
+    worker_home = tmp_path_factory.mktemp("worker")
+    port = free_port()
+    out = run(home, "up", "--head", "--api-port", str(port), "--num-cpus", "4").stdout
+    assert f"http://127.0.0.1:{port}" in out
+    try:
+        yield home, worker_home, out
+    finally:
+        run(worker_home, "down", check=False)
+        run(home, "down", check=False)
+
+
+def test_join_adds_a_labelled_node(platform):
+    home, worker_home, up_out = platform
+    ray_address = re.search(r"Ray head:\s+(\S+)", up_out).group(1)
+    token_file = home / "ray" / "auth_token"
+    run(worker_home, "join", ray_address, "--pool", "p2", "--label", "rack=r1",
+        "--num-cpus", "2", "--num-gpus", "1", "--gpu-model", "L4",
+        "--ray-token-file", str(token_file))  # fmt: skip
+    nodes = json.loads(run(home, "nodes", "-o", "json").stdout)
+    assert len(nodes) == 2
+    joined = next(n for n in nodes if n["pool"] == "p2")
+    assert joined["labels"]["rack"] == "r1"
+    assert joined["cpus"] == 2 and joined["gpus"] == 1 and joined["gpu_model"] == "L4"
+    assert joined["alive"] and joined["memory"] > 0
+    table = run(home, "nodes").stdout
+    assert "p2" in table and "rack=r1" in table
+
+
+def test_bad_spec_names_field_and_line(platform, tmp_path):
+    home = platform[0]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: job\nname: bad\ncommand: 'true'\nresources:\n  gpus: many\n")
+    proc = run(home, "submit", str(bad), check=False)
+    assert proc.returncode == 2
+    assert "resources.gpus" in proc.stderr and "line 5" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert json.loads(run(home, "jobs", "-o", "json").stdout) == []
+
+
+def test_ddp_example_runs_to_success_with_identical_parameters(platform):
+    home = platform[0]
+    proc = run(home, "submit", "examples/ddp-train/job.yaml", "--follow", timeout=300)
+    job_id = re.search(r"submitted (\S+)", proc.stdout).group(1)
+    hashes = []
+    for rank in (0, 1):
+        log = run(home, "logs", job_id, "--rank", str(rank)).stdout
+        m = re.search(r"final step 200 rank %d params_sha256 ([0-9a-f]{64})" % rank, log)
+        assert m, log[-2000:]
+        hashes.append(m.group(1))
+    assert hashes[0] == hashes[1]
+    job = json.loads(run(home, "describe", job_id, "-o", "json").stdout)
+    assert job["status"] == "SUCCEEDED" and len(job["placement"]) == 2
+    assert [e["to_status"] for e in job["events"] if e["to_status"]][-1] == "SUCCEEDED"
+    jobs = json.loads(run(home, "jobs", "-o", "json").stdout)
+    assert [j["id"] for j in jobs] == [job_id]
+
+
+def test_cancel_from_the_cli(platform, tmp_path):
+    home = platform[0]
+    spec = tmp_path / "sleep.yaml"
+    spec.write_text("kind: job\nname: nap\ncommand: sleep 600\n")
+    job_id = re.search(r"submitted (\S+)", run(home, "submit", str(spec)).stdout).group(1)
+    run(home, "cancel", job_id)
+    job = json.loads(run(home, "describe", job_id, "-o", "json").stdout)
+    assert job["status"] == "CANCELLED" and job["reason"] == "cancelled_by_user"
+
+
+def test_down_leaves_no_process(platform):
+    home, worker_home, _ = platform
+    assert installation_processes(home)
+    run(worker_home, "down")
+    run(home, "down")
+    assert installation_processes(home) == []
+    assert installation_processes(worker_home) == []
+    assert not [c for c in _cmdlines() if "aicluster.api.server" in c and str(home) in c]
+
+
+def _cmdlines() -> list[str]:
+    out = []
+    for p in psutil.process_iter():
+        try:
+            out.append(" ".join(p.cmdline()))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
