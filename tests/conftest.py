@@ -7,7 +7,6 @@ test module is collected.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 

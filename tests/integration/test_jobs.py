@@ -148,3 +148,22 @@ def test_logs_stream_while_the_job_runs(admin):
     assert text.decode().split() == [f"line-{i}" for i in range(1, 7)]
     assert "RUNNING" in seen_running, "some lines arrived before the job ended"
     assert admin.job(job["id"])["status"] == "SUCCEEDED"
+
+
+def test_working_dir_is_uploaded_with_the_job(admin, tmp_path):
+    code = tmp_path / "project" / "code"
+    (code / "pkg").mkdir(parents=True)
+    (code / "pkg" / "data.txt").write_text("payload-42\n")
+    (code / "__pycache__").mkdir()
+    (code / "__pycache__" / "junk.pyc").write_bytes(b"x")
+    spec = tmp_path / "project" / "job.yaml"
+    spec.write_text(
+        "kind: job\nname: wd\nworkers: 2\nworking_dir: code\n"
+        "command: cat pkg/data.txt && ls -a\n"
+    )
+    job = admin.submit_file(spec)
+    done = admin.wait(job["id"], TERMINAL, timeout=60)
+    assert done["status"] == "SUCCEEDED", done
+    for rank in range(2):
+        out = admin.logs(job["id"], rank=rank)[0].decode()
+        assert "payload-42" in out and "__pycache__" not in out

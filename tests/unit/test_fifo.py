@@ -187,12 +187,6 @@ def test_gang_that_fits_only_on_unschedulable_nodes_is_not_admitted():
     assert d.reason.startswith("could never fit")
 
 
-@pytest.mark.xfail(
-    reason="bug: core/placement.py why_not() counts unschedulable nodes in 'the cluster "
-    "has ... on N matching node(s)', contradicting its own 'could never fit'",
-    raises=AssertionError,
-    strict=True,
-)
 def test_could_never_fit_reason_counts_only_schedulable_nodes():
     # The 8-GPU node is cordoned; only the 2-GPU node can take work, so a
     # 4-GPU gang could never fit. The reason must describe the 2-GPU cluster,

@@ -185,12 +185,6 @@ def test_wrong_type_for_a_section():
     assert issue.line == 4
 
 
-@pytest.mark.xfail(
-    reason="bug: spec/loader.py _issue_from keeps pydantic union-member tags in the field "
-    "path ('command.str', 'command.list[str]') instead of naming the field 'command'",
-    raises=AssertionError,
-    strict=True,
-)
 def test_wrong_type_for_command_names_the_field():
     issues = issues_of("kind: job\nname: a\ncommand: {run: x}\n")
     assert {i.field for i in issues} == {"command"}
@@ -241,12 +235,6 @@ def test_negative_memory_is_rejected():
     assert issue.message == "memory must not be negative"
 
 
-@pytest.mark.xfail(
-    reason="bug: spec/job.py parse_memory line 33 int(float('inf')) raises OverflowError, "
-    "which escapes load_spec_text instead of a SpecError",
-    raises=OverflowError,
-    strict=True,
-)
 def test_infinite_memory_is_a_spec_error():
     issue = only_issue("kind: job\nname: a\ncommand: x\nresources:\n  memory: .inf\n")
     assert (issue.field, issue.line) == ("resources.memory", 5)
@@ -288,12 +276,6 @@ def test_unknown_kind_on_the_first_line():
     assert issue == SpecIssue(field="kind", message="unknown kind; expected one of: job", line=1)
 
 
-@pytest.mark.xfail(
-    reason="bug: spec/loader.py _issue_from sets field='kind' for union_tag_invalid but "
-    "computes the line from the empty loc, so it reports the document's first line",
-    raises=AssertionError,
-    strict=True,
-)
 def test_unknown_kind_is_reported_at_the_kind_line():
     issue = only_issue("name: a\ncommand: x\nkind: service\n")
     assert issue == SpecIssue(field="kind", message="unknown kind; expected one of: job", line=3)
@@ -335,9 +317,19 @@ def test_bad_env_var_name(key):
     assert issue.message.startswith("invalid environment variable name")
 
 
-def test_env_values_must_be_strings():
-    issue = only_issue("kind: job\nname: a\ncommand: x\nenv:\n  A: a\n  PORT: 8080\n")
-    assert (issue.field, issue.line) == ("env.PORT", 6)
+def test_numeric_env_values_become_text():
+    spec = load_spec_text("kind: job\nname: a\ncommand: x\nenv:\n  A: a\n  PORT: 8080\n  R: 0.5\n")
+    assert spec.env == {"A": "a", "PORT": "8080", "R": "0.5"}
+
+
+def test_env_values_must_be_scalars():
+    issue = only_issue("kind: job\nname: a\ncommand: x\nenv:\n  A: a\n  L: [1, 2]\n")
+    assert (issue.field, issue.line) == ("env.L", 6)
+
+
+def test_boolean_is_not_a_worker_count():
+    issue = only_issue("kind: job\nname: a\ncommand: x\nworkers: true\n")
+    assert (issue.field, issue.line) == ("workers", 4)
 
 
 def test_unreadable_file_path(tmp_path):

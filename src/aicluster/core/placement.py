@@ -42,15 +42,19 @@ def place_gang(
 def why_not(gang: GangRequest, nodes: tuple[NodeView, ...], free: dict[str, Res]) -> str:
     """A sentence a user can act on."""
     r = gang.per_worker
-    need = f"{gang.workers} worker(s) x ({r.cpus:g} CPU, {r.memory / 2**30:.3g} GiB, {r.gpus} GPU"
+    need = f"{gang.workers} worker(s) x ({r.cpus:g} CPU, {_gib(r.memory)}, {r.gpus} GPU"
     need += f" {gang.gpu_model})" if gang.gpu_model else ")"
-    candidates = [n for n in nodes if model_matches(n, gang)]
+    candidates = [n for n in nodes if n.schedulable and model_matches(n, gang)]
     if not candidates:
         return f"needs {need}; no node has GPU model {gang.gpu_model}"
     if place_gang(gang, nodes, {n.node_id: n.capacity for n in nodes if n.schedulable}) is None:
         total = sum((n.capacity for n in candidates), Res())
         return (
             f"could never fit: needs {need}; the cluster has {total.cpus:g} CPU, "
-            f"{total.memory / 2**30:.3g} GiB, {total.gpus} GPU on {len(candidates)} matching node(s)"
+            f"{_gib(total.memory)}, {total.gpus} GPU on {len(candidates)} matching node(s)"
         )
     return f"waiting for capacity: needs {need}"
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"

@@ -30,15 +30,29 @@ def parse_memory(value: object) -> int:
             raise ValueError("memory must not be negative")
         return value
     if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError("memory must be a finite size")
         return parse_memory(int(value))
     if isinstance(value, str):
         m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
         if m and m.group(2).lower() in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+            size = float(m.group(1)) * _UNITS[m.group(2).lower()]
+            if size < 2**63:
+                return int(size)
     raise ValueError(f"invalid memory size {value!r}: use bytes or a size like 512Mi, 2Gi")
 
 
 Memory = Annotated[int, BeforeValidator(parse_memory)]
+
+
+def _env_value(value: object) -> object:
+    """`PORT: 8080` in YAML is a number; an environment variable is its text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+EnvValue = Annotated[str, BeforeValidator(_env_value)]
 
 
 class Strict(BaseModel):
@@ -50,12 +64,12 @@ class Resources(Strict):
 
     cpus: float = Field(default=1.0, ge=0, description="CPU cores per worker")
     memory: Memory = Field(default=0, description="memory per worker, bytes or e.g. 2Gi")
-    gpus: int = Field(default=0, ge=0, description="whole GPUs per worker")
+    gpus: int = Field(default=0, ge=0, strict=True, description="whole GPUs per worker")
     gpu_model: str | None = Field(default=None, description="GPU model, e.g. A100 or H100")
 
     @field_validator("gpu_model")
     @classmethod
-    def _model_needs_gpus(cls, v: str | None, info) -> str | None:
+    def _model_not_empty(cls, v: str | None) -> str | None:
         if v is not None and not v.strip():
             raise ValueError("gpu_model must not be empty")
         return v
@@ -65,15 +79,15 @@ class JobSpec(Strict):
     kind: Literal["job"] = "job"
     name: str = Field(pattern=_NAME, description="lowercase letters, digits and '-'")
     team: str = Field(default="default", pattern=_NAME)
-    workers: int = Field(default=1, ge=1, le=4096, description="gang size")
+    workers: int = Field(default=1, ge=1, le=4096, strict=True, description="gang size")
     resources: Resources = Field(default_factory=Resources)
     command: str | list[str] = Field(description="shell command, or an argv list")
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, EnvValue] = Field(default_factory=dict)
     working_dir: str | None = Field(
         default=None, description="folder uploaded with the job, relative to the spec file"
     )
-    priority: int = Field(default=0, ge=-1000, le=1000)
-    max_restarts: int = Field(default=0, ge=0, le=100)
+    priority: int = Field(default=0, ge=-1000, le=1000, strict=True)
+    max_restarts: int = Field(default=0, ge=0, le=100, strict=True)
     max_pending_seconds: float | None = Field(
         default=None,
         gt=0,

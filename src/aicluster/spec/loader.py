@@ -6,6 +6,7 @@ returns a partially valid object and never raises anything else for bad input.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Union
 
@@ -45,19 +46,26 @@ def _line_of(lines: dict[tuple, int], loc: tuple) -> int | None:
     return lines.get(())
 
 
+_TAG = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*)$")
+
+
+def _is_tag(part) -> bool:
+    """pydantic puts union members ("job", "str", "list[str]") into error locations."""
+    return isinstance(part, str) and (part in KINDS or bool(_TAG.match(part)))
+
+
 def _issue_from(err: dict, lines: dict[tuple, int]) -> SpecIssue:
-    # Drop union tags ("job") and validator-internal parts from the location.
-    loc = tuple(p for p in err["loc"] if p not in KINDS and not str(p).startswith("function-"))
-    field = ".".join(str(p) for p in loc) or "(document)"
+    loc = tuple(p for p in err["loc"] if not _is_tag(p))
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
         msg = "unknown field"
     elif err["type"] == "union_tag_invalid":
         msg = f"unknown kind; expected one of: {', '.join(KINDS)}"
-        field = "kind"
+        loc = ("kind",)
     elif err["type"] == "union_tag_not_found":
         msg = f"missing; expected one of: {', '.join(KINDS)}"
-        field = "kind"
+        loc = ("kind",)
+    field = ".".join(str(p) for p in loc) or "(document)"
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     return SpecIssue(field=field, message=msg, line=_line_of(lines, loc))

@@ -184,6 +184,14 @@ class Store:
     # -- jobs -------------------------------------------------------------------
 
     def create_job(self, spec: dict, owner: str, workdir: str | None = None) -> JobRecord:
+        for _ in range(5):  # the id's random suffix may, rarely, be taken
+            try:
+                return self._create_job(spec, owner, workdir)
+            except IntegrityError:
+                continue
+        raise Conflict(f"could not allocate an id for job {spec['name']!r}")
+
+    def _create_job(self, spec: dict, owner: str, workdir: str | None) -> JobRecord:
         now = self.clock()
         with self._session.begin() as s:
             if s.get(TeamRow, spec["team"]) is None:
