@@ -109,6 +109,20 @@ def test_cancel_from_the_cli(platform, tmp_path):
     assert job["status"] == "CANCELLED" and job["reason"] == "cancelled_by_user"
 
 
+def test_teams_and_tokens_from_the_cli(platform):
+    home = platform[0]
+    run(home, "teams", "create", "vision")
+    assert "vision" in json.loads(run(home, "teams", "list", "-o", "json").stdout)
+    token = run(home, "tokens", "create", "--user", "alice", "--team", "vision").stdout.strip()
+    assert token.startswith("aic_")
+    as_alice = ["--token", token]
+    assert json.loads(run(home, "jobs", "-o", "json", *as_alice).stdout) == []
+    proc = run(home, "teams", "create", "other", *as_alice, check=False)
+    assert proc.returncode == 1 and "admin" in proc.stderr
+    proc = run(home, "jobs", "--token", "aic_wrong", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+
+
 def test_down_leaves_no_process(platform):
     home, worker_home, _ = platform
     assert installation_processes(home)

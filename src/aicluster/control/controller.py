@@ -30,6 +30,9 @@ from aicluster.store.db import JobRecord, Store
 log = logging.getLogger(__name__)
 ACTIVE = (JobStatus.ADMITTED, JobStatus.RUNNING)
 GC_EVERY_S = 5.0
+# A worker can vanish seconds before Ray declares its node dead; wait this long
+# before calling it a lost worker rather than a lost node.
+NODE_DEATH_GRACE_S = 30.0
 
 
 class Controller:
@@ -44,6 +47,7 @@ class Controller:
         self.pool = ThreadPoolExecutor(launch_threads, thread_name_prefix="launch")
         self.alive: set[str] | None = None
         self.nodes: list[NodeInfo] = []
+        self.lost_since: dict[str, float] = {}  # job id -> when a worker was first seen lost
         self.last_gc = 0.0
 
     def close(self) -> None:
@@ -113,6 +117,10 @@ class Controller:
         failed = [s for s in states if s.exit_code not in (None, 0)]
         if lost:
             dead = [n for n in (job.placement or []) if n not in (self.alive or set())]
+            first = self.lost_since.setdefault(job.id, self.clock())
+            if not dead and self.clock() - first < NODE_DEATH_GRACE_S:
+                return  # is its node dying? decide once Ray knows
+            self.lost_since.pop(job.id, None)
             reason = Reason.NODE_LOST if dead else Reason.WORKER_LOST
             where = f"node {dead[0][:8]} died" if dead else "worker process vanished"
             self._end_attempt(job, reason, f"rank {lost[0].rank}: {where}")
