@@ -458,3 +458,18 @@ def test_state_survives_reopening_the_file(db_path, clock):
         assert second.list_teams() == ["ml"]
     finally:
         second.close()
+
+
+def test_migrations_match_the_models(tmp_path):
+    """The Alembic revisions build exactly the schema the ORM models describe."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from aicluster.store.schema import Base
+
+    store = open_store(tmp_path / "m.db")
+    with store.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert diff == []
+    store.close()
+    open_store(tmp_path / "m.db").close()  # a second open finds it current

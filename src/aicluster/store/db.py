@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from aicluster.core.lifecycle import JobStatus, Reason, check_transition
-from aicluster.store.schema import Base, EventRow, JobRow, TeamRow, TokenRow, UserRow
+from aicluster.store.schema import EventRow, JobRow, TeamRow, TokenRow, UserRow
 
 TOKEN_PREFIX = "aic_"
 
@@ -107,8 +107,20 @@ def open_store(url_or_path: str | Path, clock=time.time) -> Store:
     engine = create_engine(url, future=True)
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
-    Base.metadata.create_all(engine)
+    migrate(engine)
     return Store(engine, clock)
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest Alembic revision (idempotent, one transaction)."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
 
 
 class Store:
