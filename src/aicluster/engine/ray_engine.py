@@ -30,6 +30,7 @@ from aicluster.runtime.worker import WorkerProcess
 log = logging.getLogger(__name__)
 NAMESPACE = "aicluster"
 _ACTOR_RE = re.compile(r"^aic-(?P<job>.+)-a(?P<attempt>\d+)-r(?P<rank>\d+)$")
+_GANG_RE = re.compile(r"^aic-(?P<job>.+)-a(?P<attempt>\d+)$")
 _LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ValueError)
 
 
@@ -197,11 +198,15 @@ class RayEngine:
             pass
 
     def running_gangs(self) -> set[tuple[str, int]]:
-        """(job id, attempt) of every gang that still has a named actor."""
+        """(job id, attempt) of every gang that still has a named actor or placement group."""
         out = set()
         for name in ray.util.list_named_actors(all_namespaces=False):
             m = _ACTOR_RE.match(name)
             if m:
+                out.add((m["job"], int(m["attempt"])))
+        for info in ray.util.placement_group_table().values():
+            m = _GANG_RE.match(info.get("name") or "")
+            if m and info.get("state") != "REMOVED":
                 out.add((m["job"], int(m["attempt"])))
         return out
 

@@ -119,9 +119,11 @@ class WorkerProcess:
                 pass
         self._signal(signal.SIGKILL)  # whatever of the group is left
         try:
-            return self.proc.wait(timeout=5)
+            code = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             return None
+        self.cleanup()  # the control plane has pulled the log before it stops a worker
+        return code
 
     def _signal(self, sig: int) -> None:
         try:
