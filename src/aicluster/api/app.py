@@ -10,7 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict
 
 from aicluster.control.service import BadRequest, ForbiddenError, NotFoundError, Services
-from aicluster.control.snapshot import per_worker
+from aicluster.control.snapshot import allocations, job_workload
 from aicluster.core.lifecycle import JobStatus
 from aicluster.core.model import Res
 from aicluster.spec.errors import SpecError
@@ -52,7 +52,9 @@ def _error(status: int, message: str, **extra) -> JSONResponse:
     return JSONResponse({"detail": {"message": message, **extra}}, status_code=status)
 
 
-def create_app(services: Services) -> FastAPI:
+def create_app(services: Services, routers=()) -> FastAPI:
+    """`routers`: factories `(principal_dependency) -> APIRouter` for more routes
+    (services, the gateway, artifacts), so each part authenticates the same way."""
     app = FastAPI(title="aicluster", version="0.1.0", description="aicluster control-plane API")
 
     @app.exception_handler(SpecError)
@@ -125,10 +127,7 @@ def create_app(services: Services) -> FastAPI:
     @app.get("/v1/nodes")
     def nodes(who: Principal = Depends(principal)):
         active = services.store.list_jobs(statuses=[JobStatus.ADMITTED, JobStatus.RUNNING])
-        used: dict[str, Res] = {}
-        for j in active:
-            for n in j.placement or []:
-                used[n] = used.get(n, Res()) + per_worker(j.spec)
+        used = allocations([job_workload(j) for j in active] + services.other_workloads())
         out = []
         for n in services.engine.nodes():
             d = asdict(n)
@@ -159,6 +158,8 @@ def create_app(services: Services) -> FastAPI:
         token = services.create_token(who, body.user, body.team, body.role)
         return {"user": body.user, "team": body.team, "role": body.role, "token": token}
 
+    for make_router in routers:
+        app.include_router(make_router(principal))
     return app
 
 

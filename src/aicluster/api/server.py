@@ -39,6 +39,12 @@ class ControlPlane:
     def __init__(self, home: Path, ray_address: str, host: str, port: int, tick_s: float = 0.2):
         apply_ray_env(home, loopback=ray_address.startswith("127."))
         from aicluster.api.app import create_app
+        from aicluster.api.services_routes import services_router
+        from aicluster.control.endpoints import EndpointTable
+        from aicluster.control.service_ops import ServiceOps
+        from aicluster.control.services_loop import ServiceLoop
+        from aicluster.gateway.proxy import Gateway
+        from aicluster.store.services import ServiceStore
         from aicluster.control.controller import Controller
         from aicluster.control.logs import LogStore
         from aicluster.control.service import Services
@@ -53,12 +59,19 @@ class ControlPlane:
         workdirs = home / "workdirs"
         self.stopping = threading.Event()
         self.wakeup = threading.Event()
-        self.controller = Controller(
-            self.store, self.engine, logs, workdirs, home, notify=self.wakeup.set
-        )
+        wake = self.wakeup.set
+        self.controller = Controller(self.store, self.engine, logs, workdirs, home, notify=wake)
+        table = EndpointTable()
+        service_store = ServiceStore(self.store)
+        self.services = ServiceLoop(service_store, self.engine, logs, table, notify=wake)
+        self.controller.sources.append(self.services)
+        ops = ServiceOps(service_store, table, notify=wake)
+        self.gateway = Gateway(table, self.store.authenticate)
         self.app = create_app(
-            Services(self.store, self.engine, logs, workdirs, notify=self.wakeup.set)
-        )
+            Services(self.store, self.engine, logs, workdirs, notify=wake,
+                     other_workloads=self.services.active_workloads),
+            routers=[lambda p: services_router(ops, p), lambda _p: self.gateway.router()],
+        )  # fmt: skip
 
     def _loop(self) -> None:
         while not self.stopping.is_set():

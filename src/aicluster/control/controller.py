@@ -17,9 +17,10 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol
 
 from aicluster.control.logs import LogStore
-from aicluster.control.snapshot import build_snapshot
+from aicluster.control.snapshot import build_snapshot, job_workload
 from aicluster.core.fifo import plan_cycle
 from aicluster.core.lifecycle import JobStatus, Reason, failure_is_retryable
 from aicluster.core.model import Admit, Wait
@@ -48,6 +49,8 @@ class Controller:
         self.alive: set[str] | None = None
         self.nodes: list[NodeInfo] = []
         self.lost_since: dict[str, float] = {}  # job id -> when a worker was first seen lost
+        # Other kinds of workload (service replicas) that share the cluster and the cycle.
+        self.sources: list[WorkloadSource] = []
         self.last_gc = 0.0
 
     def close(self) -> None:
@@ -58,6 +61,11 @@ class Controller:
     def tick(self) -> None:
         self.nodes = self.engine.nodes()
         self._track_nodes(self.nodes)
+        for source in self.sources:
+            try:
+                source.reconcile(self.nodes, self.alive or set())
+            except Exception:  # noqa: BLE001 - one bad source must not stop the loop
+                log.exception("reconciling %s", type(source).__name__)
         for job in self.store.list_jobs(statuses=ACTIVE):
             try:
                 self._reconcile(job)
@@ -168,14 +176,21 @@ class Controller:
 
     def _admit(self) -> None:
         pending = self.store.list_jobs(statuses=[JobStatus.PENDING])
-        if not pending:
+        pending_views = [job_workload(j) for j in pending]
+        active_views = [job_workload(j) for j in self.store.list_jobs(statuses=ACTIVE)]
+        for source in self.sources:
+            pending_views += source.pending_workloads()
+            active_views += source.active_workloads()
+        if not pending_views:
             return
-        active = self.store.list_jobs(statuses=ACTIVE)
-        snapshot = build_snapshot(self.nodes, pending, active)
+        snapshot = build_snapshot(self.nodes, pending_views, active_views)
         by_id = {j.id: j for j in pending}
         for decision in plan_cycle(snapshot):
-            job = by_id[decision.workload_id]
-            if isinstance(decision, Admit):
+            job = by_id.get(decision.workload_id)
+            if job is None:
+                for source in self.sources:
+                    source.apply(decision)
+            elif isinstance(decision, Admit):
                 self._launch(job, decision)
             elif isinstance(decision, Wait):
                 self._wait(job, decision)
@@ -228,12 +243,26 @@ class Controller:
     def collect_garbage(self) -> None:
         """Stop gangs that no live attempt owns (cancelled mid-launch, crashed, stale)."""
         for job_id, attempt in self.engine.running_gangs():
-            if job_id in self.launching:
+            if job_id in self.launching or any(src.owns(job_id) for src in self.sources):
                 continue
             job = self.store.get_job(job_id)
             if job is None or job.status not in ACTIVE or job.attempt != attempt:
                 workers = len(job.placement or []) if job and job.placement else 0
                 self.engine.stop(job_id, attempt, max(workers, _spec_workers(job)))
+
+
+class WorkloadSource(Protocol):
+    """A kind of workload besides jobs that the controller schedules in the same cycle."""
+
+    def reconcile(self, nodes: list[NodeInfo], alive: set[str]) -> None: ...
+
+    def pending_workloads(self) -> list: ...
+
+    def active_workloads(self) -> list: ...
+
+    def apply(self, decision) -> None: ...
+
+    def owns(self, gang_id: str) -> bool: ...
 
 
 def _spec_workers(job: JobRecord | None) -> int:

@@ -45,6 +45,8 @@ class Services:
     logs: LogStore
     workdirs: Path
     notify: Callable[[], None] = field(default=lambda: None)  # wakes the reconcile loop
+    # Admitted workloads that are not jobs (service replicas), for node allocation views.
+    other_workloads: Callable[[], list] = field(default=lambda: [])
 
     # -- jobs ----------------------------------------------------------------------
 

@@ -97,8 +97,10 @@ class RayEngine:
 
     # -- gangs --------------------------------------------------------------------
 
-    def launch(self, req: LaunchRequest) -> None:
+    def launch(self, req: LaunchRequest) -> tuple[str, int]:
         """Create the pinned placement group and start one worker per bundle.
+
+        Returns rank 0's address and the free port reserved there (MASTER_ADDR/PORT).
 
         Raises LaunchError when the group cannot be placed or a worker cannot start;
         whatever was created is then removed again.
@@ -148,6 +150,7 @@ class RayEngine:
                 env["AICLUSTER_NODE_ID"] = where[rank]["node_id"]
                 starts.append(actor.start.remote(req.command, env, workdir))
             ray.get(starts, timeout=self.launch_timeout)
+            return master_addr, master_port
         except LaunchError:
             self.stop(req.job_id, req.attempt, len(req.placement))
             raise

@@ -4,6 +4,7 @@ Invariant: all SQL lives here; every status change of a job and its Event are
 written in one transaction, guarded by compare-and-set on the old status.
 """
 
+from aicluster.store import service_schema  # noqa: F401 - registers its tables on Base
 from aicluster.store.db import Store, open_store
 
 __all__ = ["Store", "open_store"]

@@ -120,7 +120,7 @@ def migrate(engine: Engine) -> None:
     cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+        command.upgrade(cfg, "heads")  # independent branches (one per feature) all apply
 
 
 class Store:

@@ -1,0 +1,72 @@
+"""Service functions for services (deploy, list, describe, scale, delete).
+
+Same authorisation rules as jobs: a service belongs to a team; members and
+viewers see only their team's services (others are "not found"); viewers change
+nothing; admins act on any team, naming it (default team `default`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from aicluster.control.endpoints import EndpointTable
+from aicluster.control.service import BadRequest, ForbiddenError, NotFoundError
+from aicluster.spec.errors import SpecError, SpecIssue
+from aicluster.spec.loader import validate_spec
+from aicluster.spec.service import ServiceSpec
+from aicluster.store.db import Principal
+from aicluster.store.services import ReplicaRecord, ServiceRecord, ServiceStore
+
+
+@dataclass
+class ServiceOps:
+    services: ServiceStore
+    table: EndpointTable
+    notify: Callable[[], None] = lambda: None
+
+    def deploy(self, who: Principal, doc: dict) -> ServiceRecord:
+        if who.role == "viewer":
+            raise ForbiddenError("viewers cannot deploy services")
+        spec = validate_spec(doc, "request body")
+        if not isinstance(spec, ServiceSpec):
+            raise SpecError("request body", [SpecIssue("kind", "expected kind: service")])
+        if not who.is_admin and spec.team != who.team:
+            raise SpecError(
+                "request body", [SpecIssue("team", f"you may deploy only to your team {who.team!r}")]
+            )
+        svc = self.services.create(spec.model_dump(mode="json"), who.user)
+        self.notify()
+        return svc
+
+    def list(self, who: Principal) -> list[ServiceRecord]:
+        return self.services.list(team=None if who.is_admin else who.team)
+
+    def get(self, who: Principal, name: str, team: str | None) -> ServiceRecord:
+        team = (team or "default") if who.is_admin else who.team
+        svc = self.services.get(team, name) if team else None
+        if svc is None or svc.deleting:
+            raise NotFoundError(f"service {name} not found")
+        return svc
+
+    def replicas(self, svc: ServiceRecord, live_only: bool = True) -> list[ReplicaRecord]:
+        return self.services.replicas(svc.seq, live_only=live_only)
+
+    def scale(self, who: Principal, name: str, team: str | None, replicas: int) -> ServiceRecord:
+        svc = self.get(who, name, team)
+        if who.role == "viewer":
+            raise ForbiddenError("viewers cannot scale services")
+        hi = int(svc.spec.get("replicas", {}).get("max", 1))
+        if not 0 <= replicas <= hi:
+            raise BadRequest(f"replicas must be between 0 and the service's max ({hi})")
+        out = self.services.update(svc.seq, actor=who.user, manual_replicas=replicas)
+        self.notify()
+        return out
+
+    def delete(self, who: Principal, name: str, team: str | None) -> ServiceRecord:
+        svc = self.get(who, name, team)
+        if who.role == "viewer":
+            raise ForbiddenError("viewers cannot delete services")
+        out = self.services.update(svc.seq, actor=who.user, deleting=True)
+        self.notify()
+        return out

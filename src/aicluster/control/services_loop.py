@@ -1,0 +1,231 @@
+"""The service loop: keep each service at its desired number of READY replicas.
+
+Each pass (called from the controller's tick, so replicas and jobs share one
+scheduling cycle): deleted services lose their replicas; STARTING replicas whose
+engine answers its health check become READY; replicas whose engine exited or
+whose node died become FAILED and are replaced; the replica count follows the
+desired count (manual `scale`, else the autoscaler); the endpoint table of READY
+replicas is published to the gateway. Replicas are Workloads: PENDING ones are
+offered to the scheduler, which places them like one-worker gangs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import httpx
+
+from aicluster.control.endpoints import Endpoint, EndpointTable, ServiceEndpoints
+from aicluster.control.logs import LogStore
+from aicluster.control.snapshot import REPLICA_PREFIX, WorkloadView, per_worker
+from aicluster.control.scaling import desired_replicas
+from aicluster.core.model import Admit, Wait
+from aicluster.core.replica import ReplicaReason as RR
+from aicluster.core.replica import ReplicaStatus as RS
+from aicluster.engine.protocol import Engine, LaunchRequest, NodeInfo
+from aicluster.store.services import ReplicaRecord, ServiceRecord, ServiceStore
+
+log = logging.getLogger(__name__)
+GANG_PREFIX = "svc-"
+
+
+def gang_id(rid: str) -> str:
+    return GANG_PREFIX + rid
+
+
+def replica_command(spec: dict) -> tuple[list[str], str, str | None]:
+    """The replica's argv (runtime.replica_main builds the engine's own command on
+    the node, where the port and GPUs are known), its readiness path, and a text the
+    readiness answer must contain."""
+    from aicluster.runtime.adapters import build_launch
+
+    plan = build_launch(spec.get("engine", "builtin"), model=spec["model"], host="127.0.0.1",
+                        port=1, served_model_name=spec["name"],
+                        engine_args=spec.get("engine_args") or {})  # fmt: skip
+    argv = [sys.executable, "-m", "aicluster.runtime.replica_main", json.dumps(spec)]
+    return argv, plan.ready.path, plan.ready.contains
+
+
+class ServiceLoop:
+    def __init__(
+        self, services: ServiceStore, engine: Engine, logs: LogStore, table: EndpointTable,
+        clock=time.time, notify=lambda: None,
+    ):  # fmt: skip
+        self.services, self.engine, self.logs, self.table = services, engine, logs, table
+        self.clock, self.notify = clock, notify
+        self.pool = ThreadPoolExecutor(4, thread_name_prefix="replica-launch")
+        self.launching: dict[str, Future] = {}
+        self.waiting: dict[str, str] = {}  # replica id -> why the scheduler keeps it waiting
+        self.alive: set[str] = set()
+        self.starting_since: dict[str, float] = {}  # replica id -> when it got its node
+
+    # -- WorkloadSource ---------------------------------------------------------------
+
+    def reconcile(self, nodes: list[NodeInfo], alive: set[str]) -> None:
+        self.alive = alive
+        published: dict[tuple[str, str], ServiceEndpoints] = {}
+        for svc in self.services.list():
+            live = self.services.replicas(svc.seq)
+            if svc.deleting:
+                self._delete(svc, live)
+                continue
+            live = [r for r in (self._check(svc, r) for r in live) if r is not None]
+            live = self._scale(svc, live)
+            ready = tuple(Endpoint(r.id, r.url) for r in live if r.status == RS.READY)
+            routing = svc.spec.get("routing", {})
+            published[(svc.team, svc.name)] = ServiceEndpoints(
+                svc.team, svc.name, svc.spec.get("engine", "builtin"),
+                routing.get("policy", "least_outstanding"), routing.get("options", {}), ready,
+            )  # fmt: skip
+        self.table.publish(published)
+
+    def pending_workloads(self) -> list[WorkloadView]:
+        return [self._view(r) for r in self._live() if r.status == RS.PENDING]
+
+    def active_workloads(self) -> list[WorkloadView]:
+        return [self._view(r) for r in self._live() if r.status in (RS.STARTING, RS.READY)]
+
+    def apply(self, decision) -> None:
+        if not decision.workload_id.startswith(REPLICA_PREFIX):
+            return
+        rid = decision.workload_id[len(REPLICA_PREFIX) :]
+        if isinstance(decision, Wait):
+            self.waiting[rid] = decision.reason
+        elif isinstance(decision, Admit):
+            self.waiting.pop(rid, None)
+            self._launch(rid, decision.placement[0])
+
+    def owns(self, gang: str) -> bool:
+        if not gang.startswith(GANG_PREFIX):
+            return False
+        rid = gang[len(GANG_PREFIX) :]
+        return rid in self.launching or any(r.id == rid for r in self._live())
+
+    # -- internals --------------------------------------------------------------------
+
+    def _live(self) -> list[ReplicaRecord]:
+        return self.services.replicas()
+
+    def _spec_of(self, rep: ReplicaRecord) -> dict:
+        svc = next(s for s in self.services.list() if s.seq == rep.service_seq)
+        return svc.spec
+
+    def _view(self, rep: ReplicaRecord) -> WorkloadView:
+        spec = self._spec_of(rep)
+        return WorkloadView(
+            workload_id=REPLICA_PREFIX + rep.id, team=rep.team, workers=1,
+            per_worker=per_worker(spec), gpu_model=spec.get("resources", {}).get("gpu_model"),
+            priority=0, created_at=rep.created_at,
+            placement=(rep.node_id,) if rep.node_id else None,
+        )  # fmt: skip
+
+    def _launch(self, rid: str, node_id: str) -> None:
+        rep = self.services.transition(rid, RS.PENDING, RS.STARTING, RR.PLACED, node_id=node_id)
+        if rep is None:
+            return
+        spec = self._spec_of(rep)
+        command, _path, _contains = replica_command(spec)
+        res = per_worker(spec)
+        req = LaunchRequest(
+            job_id=gang_id(rid), attempt=1, placement=(node_id,), cpus=res.cpus,
+            memory=res.memory, gpus=res.gpus, command=command,
+            env={"AICLUSTER_SERVICE": spec["name"], "AICLUSTER_REPLICA_ID": rid,
+                 "AICLUSTER_TEAM": spec["team"]},
+            workdir=None,
+        )  # fmt: skip
+        fut = self.pool.submit(self.engine.launch, req)
+        fut.add_done_callback(lambda _f: self.notify())
+        self.launching[rid] = fut
+        self.starting_since[rid] = self.clock()
+
+    def _check(self, svc: ServiceRecord, rep: ReplicaRecord) -> ReplicaRecord | None:
+        """Advance one replica; None when it left the live set."""
+        if rep.status == RS.PENDING:
+            return rep
+        fut = self.launching.get(rep.id)
+        if fut is not None:
+            if not fut.done():
+                return rep
+            del self.launching[rep.id]
+            if fut.exception() is not None:
+                return self._fail(rep, RR.LAUNCH_FAILED, str(fut.exception()))
+            addr, port = fut.result()
+            url = f"http://{addr}:{port}"
+            self.services.set_fields(rep.id, url=url)
+            rep = _with(rep, url=url)
+        if rep.url is None:  # launched by a control plane that died before it knew the port
+            return self._fail(rep, RR.LAUNCH_FAILED, "control plane restarted during launch")
+        state = self._pull(rep)
+        if state.lost:
+            dead = rep.node_id not in self.alive
+            return self._fail(rep, RR.NODE_LOST if dead else RR.WORKER_LOST, "replica lost")
+        if state.exit_code is not None:
+            return self._fail(rep, RR.ENGINE_EXITED, f"engine exited with code {state.exit_code}")
+        if rep.status == RS.STARTING:
+            return self._probe(svc, rep)
+        return rep
+
+    def _probe(self, svc: ServiceRecord, rep: ReplicaRecord) -> ReplicaRecord | None:
+        _cmd, path, contains = replica_command(svc.spec)
+        try:
+            resp = httpx.get(rep.url + path, timeout=1.0)
+            ok = resp.status_code == 200 and (contains is None or contains in resp.text)
+        except httpx.HTTPError:
+            ok = False
+        if ok:
+            self.starting_since.pop(rep.id, None)
+            done = self.services.transition(rep.id, RS.STARTING, RS.READY, RR.HEALTHY)
+            return done or rep
+        limit = float(svc.spec.get("readiness_timeout_s", 300))
+        since = self.clock() - self.starting_since.setdefault(rep.id, self.clock())
+        if since > limit:
+            return self._fail(rep, RR.NOT_READY_IN_TIME, f"not healthy after {limit:g} s")
+        return rep
+
+    def _pull(self, rep: ReplicaRecord):
+        gid = gang_id(rep.id)
+        state = self.engine.status(gid, 1, [self.logs.offset(gid, 1, 0)])[0]
+        self.logs.append(gid, 1, 0, state.log)
+        return state
+
+    def _fail(self, rep: ReplicaRecord, reason: RR, message: str) -> None:
+        self.starting_since.pop(rep.id, None)
+        self.engine.stop(gang_id(rep.id), 1, 1)
+        self.services.transition(rep.id, rep.status, RS.FAILED, reason, message)
+        log.info("replica %s failed: %s", rep.id, message)
+        return None
+
+    def _stop(self, rep: ReplicaRecord, reason: RR) -> None:
+        if rep.status != RS.PENDING:
+            self.engine.stop(gang_id(rep.id), 1, 1)
+        self.services.transition(rep.id, rep.status, RS.STOPPED, reason)
+
+    def _scale(self, svc: ServiceRecord, live: list[ReplicaRecord]) -> list[ReplicaRecord]:
+        want = desired_replicas(svc, live, self.table.demand(svc.team, svc.name), self.clock())
+        while len(live) < want:
+            live.append(self.services.add_replica(svc))
+        if len(live) > want:
+            order = {RS.PENDING: 0, RS.STARTING: 1, RS.READY: 2}
+            extra = sorted(live, key=lambda r: (order[r.status], -r.created_at))[: len(live) - want]
+            for rep in extra:
+                self._stop(rep, RR.SCALED_DOWN)
+            live = [r for r in live if r not in extra]
+        return live
+
+    def _delete(self, svc: ServiceRecord, live: list[ReplicaRecord]) -> None:
+        for rep in live:
+            self._stop(rep, RR.DELETED)
+        self.services.remove(svc.seq)
+
+
+def _with(rep: ReplicaRecord, **fields) -> ReplicaRecord:
+    from dataclasses import replace
+
+    return replace(rep, **fields)
+
+
+__all__ = ["ServiceLoop", "gang_id", "replica_command"]

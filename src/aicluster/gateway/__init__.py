@@ -1,0 +1,1 @@
+"""The inference data plane: OpenAI-compatible routes in front of service replicas."""

@@ -1,0 +1,59 @@
+"""`kind: service` — a model endpoint: replicas of one engine behind the gateway.
+
+Vocabulary: `model` names what the engine serves (a path, `artifact:NAME:VERSION`,
+or the engine's own model id); `engine` picks the server that runs in each
+replica; each replica gets `resources`; the gateway routes requests whose
+`model` field equals the service's name.
+Invariant: replicas.min <= replicas.max, and a spec that loads can be deployed
+as is (engine-specific checks happen here, not at launch time).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from aicluster.spec.job import _NAME, Resources, Strict
+
+ENGINES = ("builtin", "simulated", "vllm", "tgi", "ollama")
+ROUTING = ("least_outstanding", "round_robin", "power_of_two", "session_affinity", "prefix_cache")
+
+
+class Replicas(Strict):
+    min: int = Field(default=1, ge=0, le=1000, strict=True)
+    max: int = Field(default=1, ge=1, le=1000, strict=True)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Replicas:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        return self
+
+
+class Autoscaling(Strict):
+    target_ongoing_requests: float = Field(default=4.0, gt=0)
+    upscale_delay_s: float = Field(default=5.0, ge=0)
+    downscale_delay_s: float = Field(default=30.0, ge=0)
+    scale_to_zero_after_s: float | None = Field(
+        default=None, gt=0, description="idle time before the last replica goes (needs min: 0)"
+    )
+
+
+class Routing(Strict):
+    policy: Literal[ROUTING] = "least_outstanding"  # type: ignore[valid-type]
+    options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+
+class ServiceSpec(Strict):
+    kind: Literal["service"] = "service"
+    name: str = Field(pattern=_NAME)
+    team: str = Field(default="default", pattern=_NAME)
+    model: str = Field(min_length=1)
+    engine: Literal[ENGINES] = "builtin"  # type: ignore[valid-type]
+    engine_args: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=Resources)
+    replicas: Replicas = Field(default_factory=Replicas)
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling)
+    routing: Routing = Field(default_factory=Routing)
+    readiness_timeout_s: float = Field(default=300.0, gt=0)

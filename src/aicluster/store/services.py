@@ -1,0 +1,170 @@
+"""Services and replicas in the state store.
+
+Invariant: a replica's status only moves along core.replica's table, with an
+Event in the same transaction (compare-and-set on the old status).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+
+from aicluster.core.replica import LIVE, ReplicaReason, ReplicaStatus, check_replica_transition
+from aicluster.store.db import Conflict, NotFound, Store
+from aicluster.store.schema import TeamRow
+from aicluster.store.service_schema import ReplicaRow, ServiceRow
+
+
+@dataclass(frozen=True)
+class ServiceRecord:
+    seq: int
+    name: str
+    team: str
+    owner: str
+    spec: dict
+    manual_replicas: int | None
+    deleting: bool
+    created_at: float
+    updated_at: float
+
+    @classmethod
+    def of(cls, row: ServiceRow) -> ServiceRecord:
+        return cls(**{c: getattr(row, c) for c in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class ReplicaRecord:
+    id: str
+    service_seq: int
+    team: str
+    status: ReplicaStatus
+    reason: str | None
+    message: str | None
+    node_id: str | None
+    url: str | None
+    created_at: float
+    ready_at: float | None
+    finished_at: float | None
+
+    @classmethod
+    def of(cls, row: ReplicaRow) -> ReplicaRecord:
+        d = {c: getattr(row, c) for c in cls.__dataclass_fields__}
+        d["status"] = ReplicaStatus(row.status)
+        return cls(**d)
+
+
+class ServiceStore:
+    """Shares the engine and session factory of a `Store`."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._session = store._session
+        self.clock = store.clock
+
+    def create(self, spec: dict, owner: str) -> ServiceRecord:
+        now = self.clock()
+        with self._session.begin() as s:
+            if s.get(TeamRow, spec["team"]) is None:
+                raise NotFound(f"team {spec['team']!r} does not exist")
+            if self._find(s, spec["team"], spec["name"]) is not None:
+                raise Conflict(f"service {spec['name']!r} already exists in team {spec['team']!r}")
+            row = ServiceRow(
+                name=spec["name"], team=spec["team"], owner=owner, spec=spec,
+                manual_replicas=None, deleting=False, created_at=now, updated_at=now,
+            )  # fmt: skip
+            s.add(row)
+            s.flush()
+            self.store._event(s, "service", row.name, row.team, "ServiceDeployed", actor=owner)
+            return ServiceRecord.of(row)
+
+    def _find(self, s, team: str, name: str) -> ServiceRow | None:
+        q = select(ServiceRow).where(ServiceRow.team == team, ServiceRow.name == name)
+        return s.scalars(q).first()
+
+    def get(self, team: str, name: str) -> ServiceRecord | None:
+        with self._session() as s:
+            row = self._find(s, team, name)
+            return ServiceRecord.of(row) if row else None
+
+    def list(self, team: str | None = None) -> list[ServiceRecord]:
+        q = select(ServiceRow).order_by(ServiceRow.team, ServiceRow.name)
+        if team is not None:
+            q = q.where(ServiceRow.team == team)
+        with self._session() as s:
+            return [ServiceRecord.of(r) for r in s.scalars(q)]
+
+    def update(self, seq: int, actor: str | None = None, **values) -> ServiceRecord:
+        with self._session.begin() as s:
+            row = s.get(ServiceRow, seq)
+            for k, v in values.items():
+                setattr(row, k, v)
+            row.updated_at = self.clock()
+            msg = ", ".join(f"{k}={v}" for k, v in values.items() if k != "spec")
+            self.store._event(s, "service", row.name, row.team, "ServiceUpdated", message=msg,
+                              actor=actor)  # fmt: skip
+            return ServiceRecord.of(row)
+
+    def remove(self, seq: int) -> None:
+        with self._session.begin() as s:
+            row = s.get(ServiceRow, seq)
+            if row is None:
+                return
+            for rep in s.scalars(select(ReplicaRow).where(ReplicaRow.service_seq == seq)):
+                s.delete(rep)
+            self.store._event(s, "service", row.name, row.team, "ServiceDeleted")
+            s.delete(row)
+
+    # -- replicas -----------------------------------------------------------------
+
+    def add_replica(self, svc: ServiceRecord) -> ReplicaRecord:
+        now = self.clock()
+        with self._session.begin() as s:
+            row = ReplicaRow(
+                id=f"{svc.name}-{secrets.token_hex(3)}", service_seq=svc.seq, team=svc.team,
+                status=ReplicaStatus.PENDING.value, reason=ReplicaReason.CREATED.value,
+                created_at=now,
+            )  # fmt: skip
+            s.add(row)
+            self.store._event(s, "replica", row.id, svc.team, "ReplicaTransition", None,
+                              "PENDING", ReplicaReason.CREATED, svc.name)  # fmt: skip
+            return ReplicaRecord.of(row)
+
+    def replicas(self, svc_seq: int | None = None, live_only: bool = True) -> list[ReplicaRecord]:
+        q = select(ReplicaRow).order_by(ReplicaRow.created_at)
+        if svc_seq is not None:
+            q = q.where(ReplicaRow.service_seq == svc_seq)
+        if live_only:
+            q = q.where(ReplicaRow.status.in_([st.value for st in LIVE]))
+        with self._session() as s:
+            return [ReplicaRecord.of(r) for r in s.scalars(q)]
+
+    def transition(
+        self, rid: str, src: ReplicaStatus, dst: ReplicaStatus, reason: ReplicaReason,
+        message: str | None = None, **fields,
+    ) -> ReplicaRecord | None:  # fmt: skip
+        check_replica_transition(src, dst)
+        now = self.clock()
+        values = dict(status=dst.value, reason=reason.value, message=message, **fields)
+        if dst == ReplicaStatus.READY:
+            values["ready_at"] = now
+        if dst.terminal:
+            values["finished_at"] = now
+        with self._session.begin() as s:
+            res = s.execute(
+                update(ReplicaRow)
+                .where(ReplicaRow.id == rid, ReplicaRow.status == src.value)
+                .values(**values)
+            )
+            if res.rowcount != 1:
+                return None
+            row = s.get(ReplicaRow, rid)
+            self.store._event(s, "replica", rid, row.team, "ReplicaTransition", src.value,
+                              dst.value, reason, message)  # fmt: skip
+            return ReplicaRecord.of(row)
+
+    def set_fields(self, rid: str, **fields) -> None:
+        """Record facts about a replica that do not change its status (e.g. its URL)."""
+        with self._session.begin() as s:
+            s.execute(update(ReplicaRow).where(ReplicaRow.id == rid).values(**fields))
