@@ -123,6 +123,30 @@ def test_teams_and_tokens_from_the_cli(platform):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
 
 
+def test_deploy_a_service_and_call_it_with_openai(platform):
+    import openai
+
+    from aicluster.cli.sdk import Client
+    from harness import wait_for
+
+    home = platform[0]
+    out = run(home, "deploy", "examples/services/simulated-llm.yaml").stdout
+    assert "deployed default/sim-llm" in out
+    url = json.loads((home / "client.json").read_text())["url"]
+    token = (home / "admin.token").read_text().strip()
+    sdk = Client(url, token)
+    wait_for(lambda: sdk.service("sim-llm")["ready"] == 2, timeout=120, what="2 ready replicas")
+    client = openai.OpenAI(base_url=url + "/v1", api_key=token)
+    reply = client.completions.create(model="sim-llm", prompt="hello world", max_tokens=4)
+    assert reply.choices[0].text
+    listed = json.loads(run(home, "services", "-o", "json").stdout)
+    assert [s["name"] for s in listed] == ["sim-llm"]
+    described = run(home, "describe", "sim-llm").stdout
+    assert described.count("READY") >= 2
+    run(home, "delete", "sim-llm")
+    wait_for(lambda: sdk.services() == [], timeout=60, what="the service to go")
+
+
 def test_down_leaves_no_process(platform):
     home, worker_home, _ = platform
     assert installation_processes(home)

@@ -56,6 +56,13 @@ def _client(url: str | None, token: str | None) -> Client:
     return Client(cfg.url, cfg.token)
 
 
+def _service_or_none(c: Client, name: str) -> dict | None:
+    try:
+        return c.service(name)
+    except ApiError:
+        return None
+
+
 @contextmanager
 def cli_errors(job_id: str | None = None) -> Iterator[None]:
     """Turn ApiError/SpecError/Ctrl-C into a red message and an exit code."""
@@ -145,9 +152,21 @@ def describe(
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Show a job: spec summary, status, placement by rank and its events."""
+    """Show a job (spec, status, placement by rank, events) or a service (replicas)."""
     with cli_errors(job_id), _client(url, token) as c:
-        job = c.job(job_id)
+        try:
+            job = c.job(job_id)
+        except ApiError as err:
+            svc = _service_or_none(c, job_id) if err.status_code == 404 else None
+            if svc is None:
+                raise
+            if output == OutputFormat.json:
+                out.print_json(svc)
+            else:
+                from aicluster.cli.services_cmds import show_service
+
+                show_service(svc)
+            return
         if output == OutputFormat.json:
             out.print_json(job)
             return

@@ -361,3 +361,32 @@ class Client:
 
     def create_token(self, user: str, team: str | None = None, role: str = "member") -> dict:
         return self._json("POST", "/v1/tokens", json={"user": user, "team": team, "role": role})
+
+    # -- services -------------------------------------------------------------------
+
+    def deploy(self, spec: dict) -> dict:
+        return self._json("POST", "/v1/services", json={"spec": spec})
+
+    def deploy_file(self, path: str | Path) -> dict:
+        """Load a `kind: service` spec file (SpecError propagates) and deploy it."""
+        spec = load_spec(Path(path))
+        if getattr(spec, "kind", None) != "service":
+            raise SpecError(str(path), [SpecIssue("kind", "expected kind: service", None)])
+        return self.deploy(spec.model_dump(mode="json"))
+
+    def services(self) -> list[dict]:
+        return self._json("GET", "/v1/services")["services"]
+
+    def service(self, name: str, team: str | None = None) -> dict:
+        return self._json("GET", f"/v1/services/{name}", params=_team(team))
+
+    def scale(self, name: str, replicas: int, team: str | None = None) -> dict:
+        return self._json("POST", f"/v1/services/{name}/scale", params=_team(team),
+                          json={"replicas": replicas})  # fmt: skip
+
+    def delete_service(self, name: str, team: str | None = None) -> dict:
+        return self._json("DELETE", f"/v1/services/{name}", params=_team(team))
+
+
+def _team(team: str | None) -> dict:
+    return {"team": team} if team else {}

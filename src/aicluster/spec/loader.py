@@ -15,11 +15,12 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from aicluster.spec.errors import SpecError, SpecIssue
 from aicluster.spec.job import JobSpec
+from aicluster.spec.plan import PlanSpec
 from aicluster.spec.service import ServiceSpec
 
-AnySpec = Annotated[Union[JobSpec, ServiceSpec], Field(discriminator="kind")]
+AnySpec = Annotated[Union[JobSpec, ServiceSpec, PlanSpec], Field(discriminator="kind")]
 _ADAPTER: TypeAdapter = TypeAdapter(AnySpec)
-KINDS = ("job", "service")
+KINDS = ("job", "service", "plan")
 
 
 def _lines(node: yaml.Node, path: tuple = ()) -> dict[tuple, int]:

@@ -1,0 +1,219 @@
+"""`aicluster plan FILE`: size a cluster from a `kind: plan` spec; `register(app)` adds it.
+
+Invariants:
+- The arithmetic is `aicluster.core.planner`; this module reads files, talks to the API
+  (only with --cluster) and prints.
+- A bad spec (shape, unknown catalog name, incomplete override) prints every issue with
+  its field and line in red on stderr and exits 2; a failed API call exits 1.
+- `-o json` prints the plan dict alone on stdout; `--report PATH` writes Markdown, or HTML
+  when PATH ends in .html/.htm, and says so on stderr.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+from rich.table import Table
+from rich.text import Text
+
+from aicluster.catalog import load_catalog
+from aicluster.cli import output as out
+from aicluster.cli import plan_report as rep
+from aicluster.cli.config import load_client_config
+from aicluster.cli.sdk import ApiError, Client
+from aicluster.core.planner.inputs import PlanInputError, resolve
+from aicluster.core.planner.inventory import fit_inventory
+from aicluster.core.planner.plan import make_plan, plan_to_dict
+from aicluster.spec import SpecError, load_spec
+from aicluster.spec.errors import SpecIssue
+from aicluster.spec.loader import _line_of, _lines
+from aicluster.spec.plan import PlanSpec
+
+SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "dim"}
+
+
+class PlanOutput(str, Enum):
+    table = "table"
+    json = "json"
+    markdown = "markdown"
+    html = "html"
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """A bad spec exits 2, a failed API call 1, Ctrl-C 130; never a traceback."""
+    try:
+        yield
+    except SpecError as err:
+        out.print_error(str(err))
+        raise typer.Exit(2) from None
+    except ApiError as err:
+        hint = (
+            "\n  (pass --token or set AICLUSTER_TOKEN)"
+            if err.status_code == 401
+            else ""
+        )
+        out.print_error(
+            f"error: cannot read the cluster inventory: {err.message}{hint}"
+        )
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def _lines_of(path: Path) -> dict:
+    try:
+        node = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, yaml.YAMLError):
+        return {}
+    return _lines(node) if node is not None else {}
+
+
+def load_plan(path: Path) -> tuple[PlanSpec, object]:
+    """The spec and its resolved inputs; SpecError for anything wrong in the file."""
+    spec = load_spec(path)
+    if not isinstance(spec, PlanSpec):
+        raise SpecError(
+            str(path), [SpecIssue("kind", f"expected kind: plan, got {spec.kind}", 1)]
+        )
+    try:
+        return spec, resolve(spec, load_catalog())
+    except PlanInputError as err:
+        lines = _lines_of(path)
+        issues = []
+        for field, message in err.issues:
+            loc = tuple(int(p) if p.isdigit() else p for p in field.split("."))
+            issues.append(SpecIssue(field, message, _line_of(lines, loc)))
+        raise SpecError(str(path), issues) from None
+
+
+def _print_rows(title: str, rows: list[dict]) -> None:
+    if not rows:
+        return
+    table = Table(
+        title=title, title_justify="left", header_style="bold", box=None, pad_edge=False
+    )
+    for head in rows[0]:
+        table.add_column(head, overflow="fold")
+    for row in rows:
+        table.add_row(*(Text(str(v)) for v in row.values()))
+    out.console().print(table)
+    out.console().print()
+
+
+def print_plan(d: dict) -> None:
+    con = out.console()
+    con.print(Text(f"Plan {d['name']}", style="bold"))
+    if d.get("description"):
+        con.print(Text(d["description"]))
+    con.print()
+    _print_rows("Serving", rep.serve_rows(d))
+    _print_rows("Training", rep.train_rows(d))
+    _print_rows("Cluster", [{"": k, "value": v} for k, v in rep.cluster_rows(d)])
+    con.print(Text("Pitfalls", style="bold"))
+    for p in d["pitfalls"] or [
+        {"severity": "info", "code": "none", "workload": None, "message": "none found"}
+    ]:
+        line = Text(
+            f"  {p['severity']:<7} ", style=SEVERITY_STYLE.get(p["severity"], "")
+        )
+        line.append(
+            f"{p['code']}"
+            + (f" ({p['workload']})" if p["workload"] else "")
+            + f": {p['message']}"
+        )
+        con.print(line)
+
+
+def print_cluster_fit(fit: dict) -> None:
+    con = out.console()
+    con.print()
+    con.print(
+        Text(
+            f"Against the running cluster: {fit['nodes']} GPU nodes, {fit['free_gpus']} free GPUs",
+            style="bold",
+        )
+    )
+    rows = []
+    for s in fit["serve"]:
+        where = (
+            ", ".join(f"{p['node']}x{p['replicas']}" for p in s.get("placement", []))
+            or "-"
+        )
+        rows.append({"workload": s["name"], "fits": "yes" if s["fits"] else "no", "gpu": s.get("gpu", "-"),
+                     "tp": str(s.get("tensor_parallel", "-")), "replicas": f"{s.get('replicas_placed', 0)}/{s.get('replicas_needed', '-')}",
+                     "where": where, "why not": s.get("reason") or ""})  # fmt: skip
+    for t in fit["train"]:
+        rows.append({"workload": t["name"], "fits": "yes" if t["fits"] else "no", "gpu": t.get("gpu", "-"),
+                     "tp": t.get("strategy") or "-", "replicas": f"{t.get('gpus', '-')} GPUs",
+                     "where": rep.duration(t["days"] * 86400) if "days" in t else "-", "why not": t.get("reason") or ""})  # fmt: skip
+    _print_rows("", rows)
+    for note in fit["notes"]:
+        con.print(Text(f"  note: {note}", style="dim"))
+
+
+def plan(
+    file: Annotated[
+        Path, typer.Argument(help="plan spec (YAML, kind: plan)", show_default=False)
+    ],
+    output: Annotated[
+        PlanOutput, typer.Option("--output", "-o", help="table, json, markdown or html")
+    ] = PlanOutput.table,
+    report: Annotated[
+        Path | None,
+        typer.Option("--report", help="write a report (.html, else Markdown)"),
+    ] = None,
+    cluster: Annotated[
+        bool,
+        typer.Option(
+            "--cluster", help="also fit the workloads into the running cluster"
+        ),
+    ] = False,
+    url: Annotated[
+        str | None, typer.Option("--url", help="API URL (with --cluster)")
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option("--token", help="API token (with --cluster)")
+    ] = None,
+) -> None:
+    """Size a cluster: memory, parallelism, replicas, network, storage, power, cost."""
+    with _errors():
+        _, inputs = load_plan(file)
+        d = plan_to_dict(make_plan(inputs))
+        if cluster:
+            cfg = load_client_config(url, token)
+            with Client(cfg.url, cfg.token) as c:
+                nodes = c.nodes()
+            d["cluster"] = fit_inventory(inputs, nodes, inputs.catalog)
+        if report is not None:
+            text = (
+                rep.html_report(d)
+                if report.suffix.lower() in (".html", ".htm")
+                else rep.markdown(d)
+            )
+            try:
+                report.write_text(text, encoding="utf-8")
+            except OSError as exc:
+                out.print_error(f"cannot write {report}: {exc.strerror}")
+                raise typer.Exit(1) from None
+            out.console(stderr=True).print(Text(f"report written to {report}"))
+        if output is PlanOutput.json:
+            out.print_json(d)
+        elif output is PlanOutput.markdown:
+            typer.echo(rep.markdown(d))
+        elif output is PlanOutput.html:
+            typer.echo(rep.html_report(d))
+        else:
+            print_plan(d)
+            if cluster:
+                print_cluster_fit(d["cluster"])
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan)

@@ -1,0 +1,301 @@
+"""Serving arithmetic: does a model fit, on how many GPUs, how fast, how many replicas.
+
+Vocabulary: a replica runs one copy of the model on tp x pp GPUs (tensor parallel inside a
+node, pipeline stages across nodes). `B` is the decode batch (sequences in flight).
+TTFT is time to first token (prefill), TPOT time per output token (one decode step).
+
+Model (the roofline of Williams et al. 2009, "Roofline: an insightful visual performance
+model", applied to transformers as in Pope et al. 2022, "Efficiently Scaling Transformer
+Inference", arXiv:2211.05102, Sec. 2-3):
+- a decode step reads every active weight once plus the batch's KV cache, and does
+  2 FLOPs per active parameter per sequence plus the attention over its context
+  (Kaplan et al. 2020, arXiv:2001.08361, Table 1: C_forward = 2N + 2·L·n_ctx·d_attn);
+  its time is the larger of bytes / (bandwidth) and FLOPs / (peak FLOP/s);
+- a prefill of P tokens is the same forward pass over P tokens: compute-bound;
+- a replica serves requests/s = 1 / (prefill(P) + O · step(B) / B): each request costs
+  its prefill plus its share of O decode steps shared by B sequences.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from aicluster.core.planner.assumptions import Assumptions
+from aicluster.core.planner.hardware import GIB, Gpu, ModelShape
+from aicluster.core.planner.memory import (
+    active_weight_bytes,
+    kv_bytes_per_token,
+    param_counts,
+    weight_bytes,
+)
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    name: str
+    model: ModelShape
+    gpu: Gpu
+    gpus_per_node: int
+    precision: str = "bf16"
+    kv_precision: str = "bf16"
+    context_length: int = 4096
+    prompt_tokens: int = 1000
+    output_tokens: int = 250
+    requests_per_second: float | None = None
+    concurrent_users: int | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    tensor_parallel: int | None = None
+    pipeline_parallel: int | None = None
+    min_replicas: int = 1
+
+
+@dataclass(frozen=True)
+class ServeOption:
+    """One (tp, pp) layout evaluated for a request."""
+
+    tp: int
+    pp: int
+    fits: bool
+    weights_per_gpu: float
+    kv_capacity_tokens: float
+    max_batch: int
+    batch: int
+    ttft_s: float
+    tpot_s: float
+    tpot_batch1_s: float
+    replica_rps: float
+    replica_tokens_per_s: float
+    replicas: int
+    latency_ok: bool
+    memory_per_gpu: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def total_gpus(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    request: ServeRequest
+    params: float
+    active_params: float
+    weight_bytes: float
+    kv_bytes_per_token: float
+    kv_bytes_per_sequence: float
+    chosen: ServeOption | None
+    options: tuple[ServeOption, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return self.chosen is not None and self.chosen.fits
+
+
+def _tp_candidates(m: ModelShape, gpus_per_node: int) -> list[int]:
+    """Powers of two up to a node that divide the heads (vLLM requires heads % tp == 0)."""
+    out, tp = [], 1
+    while tp <= max(1, gpus_per_node):
+        if m.attention_heads % tp == 0:
+            out.append(tp)
+        tp *= 2
+    return out or [1]
+
+
+def weights_read_per_step(m: ModelShape, precision: str, batch: int) -> float:
+    """Bytes of weights a decode step of `batch` sequences reads.
+
+    Dense: all of them. MoE with E experts, k active, uniform routing (assumption): a layer's
+    expert is untouched by all B tokens with probability (1 - k/E)^B, so the step reads
+    shared weights + expert weights x (1 - (1 - k/E)^B).
+    """
+    total = weight_bytes(m, precision)
+    if m.experts <= 1:
+        return total
+    active = active_weight_bytes(m, precision)
+    per_expert = (total - active) / (m.experts - m.active_experts)
+    shared = total - per_expert * m.experts
+    touched = 1 - (1 - m.active_experts / m.experts) ** max(1, batch)
+    return shared + per_expert * m.experts * touched
+
+
+def forward_flops_per_token(m: ModelShape, context: float) -> float:
+    """2·N_active + 2·L·n_ctx·d_attn (Kaplan et al. 2020, Table 1)."""
+    n_active = param_counts(m).active
+    return 2 * n_active + 2 * m.layers * context * m.attention_heads * m.d_head
+
+
+def _tp_comm_s(m: ModelShape, gpu: Gpu, tp: int, tokens: float) -> float:
+    """Two all-reduces of tokens·h·2 bytes per layer (Megatron-LM TP, Shoeybi et al. 2019,
+    Sec. 3), ring cost 2(t-1)/t, over NVLink (per direction = half the total) or PCIe."""
+    if tp <= 1:
+        return 0.0
+    link = (gpu.nvlink_gb_s / 2 if gpu.nvlink_gb_s else gpu.pcie_gb_s) * 1e9
+    return 2 * m.layers * 2 * (tp - 1) / tp * tokens * m.hidden_size * 2 / link
+
+
+def decode_step_s(r: ServeRequest, a: Assumptions, tp: int, batch: int) -> float:
+    """max(memory time, compute time) of one decode step + TP communication."""
+    context = r.prompt_tokens + r.output_tokens / 2  # average context while decoding
+    kv = batch * context * kv_bytes_per_token(r.model, r.kv_precision)
+    bytes_read = weights_read_per_step(r.model, r.precision, batch) + kv
+    mem_s = bytes_read / (
+        tp * r.gpu.memory_bandwidth_gb_s * 1e9 * a.bandwidth_efficiency
+    )
+    flops = batch * forward_flops_per_token(r.model, context)
+    peak = r.gpu.peak_flops(r.precision) * tp * a.prefill_efficiency
+    return max(mem_s, flops / peak) + _tp_comm_s(r.model, r.gpu, tp, batch)
+
+
+def prefill_s(r: ServeRequest, a: Assumptions, tp: int) -> float:
+    """Compute-bound forward over the prompt (average context P/2), at least one weight read."""
+    p = r.prompt_tokens
+    flops = p * forward_flops_per_token(r.model, p / 2)
+    compute = flops / (r.gpu.peak_flops(r.precision) * tp * a.prefill_efficiency)
+    weights = weight_bytes(r.model, r.precision) / (
+        tp * r.gpu.memory_bandwidth_gb_s * 1e9 * a.bandwidth_efficiency
+    )
+    return max(compute, weights) + _tp_comm_s(r.model, r.gpu, tp, p)
+
+
+def _largest_batch(r: ServeRequest, a: Assumptions, tp: int, limit: int) -> int:
+    """Largest B <= limit whose decode step meets the TPOT target (step time grows with B)."""
+    if limit < 1:
+        return 0
+    if r.tpot_s is None:
+        return limit
+    if decode_step_s(r, a, tp, 1) > r.tpot_s:
+        return 0
+    lo, hi = 1, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if decode_step_s(r, a, tp, mid) <= r.tpot_s:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def evaluate(r: ServeRequest, a: Assumptions, tp: int, pp: int) -> ServeOption:
+    """Memory, latency and replica count of one layout."""
+    m = r.model
+    n = tp * pp
+    usable = (
+        r.gpu.memory_bytes * a.gpu_memory_utilization - a.runtime_overhead_gib * GIB
+    )
+    w_gpu = weight_bytes(m, r.precision) / n
+    # K/V heads are split over tp ranks (replicated once tp exceeds kv_heads), layers over pp.
+    kv_gpu_token = kv_bytes_per_token(m, r.kv_precision) / (min(tp, m.n_kv_heads) * pp)
+    kv_capacity = max(0.0, usable - w_gpu) / kv_gpu_token
+    seq_tokens = r.prompt_tokens + r.output_tokens
+    fits = kv_capacity >= r.context_length and w_gpu < usable
+    max_batch = (
+        int(min(kv_capacity // max(1, seq_tokens), a.max_num_seqs)) if fits else 0
+    )
+    batch = _largest_batch(r, a, tp, max_batch)
+    latency_batch = max(1, batch)
+    ttft = prefill_s(r, a, tp)
+    tpot1 = decode_step_s(r, a, tp, 1)
+    tpot = decode_step_s(r, a, tp, latency_batch)
+    latency_ok = batch >= 1 and (r.ttft_s is None or ttft <= r.ttft_s)
+    rps = 1 / (ttft + r.output_tokens * tpot / latency_batch) if fits else 0.0
+    replicas = _replicas(r, a, rps, batch) if fits else 0
+    kv_used = min(kv_capacity, latency_batch * seq_tokens) * kv_gpu_token
+    overhead = r.gpu.memory_bytes - usable
+    return ServeOption(
+        tp=tp,
+        pp=pp,
+        fits=fits,
+        weights_per_gpu=w_gpu,
+        kv_capacity_tokens=kv_capacity,
+        max_batch=max_batch,
+        batch=batch,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        tpot_batch1_s=tpot1,
+        replica_rps=rps,
+        replica_tokens_per_s=latency_batch / tpot if fits else 0.0,
+        replicas=replicas,
+        latency_ok=latency_ok,
+        memory_per_gpu={
+            "weights": w_gpu,
+            "kv_cache": kv_used,
+            "reserved": overhead,
+            "free": max(0.0, r.gpu.memory_bytes - w_gpu - kv_used - overhead),
+        },
+    )
+
+
+def _replicas(r: ServeRequest, a: Assumptions, rps: float, batch: int) -> int:
+    """Replicas for the demand at the target utilisation, never fewer than min_replicas.
+
+    Rate: ceil(rate / (replica_rps · utilisation)). Concurrent users (each with one request
+    in flight): ceil(users / (B · utilisation)).
+    """
+    need = r.min_replicas
+    if r.requests_per_second and rps > 0:
+        need = max(
+            need, math.ceil(r.requests_per_second / (rps * a.utilization) - 1e-9)
+        )
+    if r.concurrent_users and batch > 0:
+        need = max(need, math.ceil(r.concurrent_users / (batch * a.utilization) - 1e-9))
+    return need
+
+
+def plan_serving(r: ServeRequest, a: Assumptions, max_pp: int = 16) -> ServePlan:
+    """Evaluate every layout and choose the one with the fewest GPUs in total that fits and
+    meets the latency targets (ties: fewer GPUs per replica). Pipeline stages are tried only
+    with whole nodes of tensor parallelism, when one node cannot hold the model."""
+    m = r.model
+    tps = (
+        [r.tensor_parallel] if r.tensor_parallel else _tp_candidates(m, r.gpus_per_node)
+    )
+    layouts = [(tp, r.pipeline_parallel or 1) for tp in tps]
+    options = [evaluate(r, a, tp, pp) for tp, pp in layouts]
+    if not r.pipeline_parallel and not any(o.fits for o in options):
+        tp = max(tps)
+        for pp in range(2, max_pp + 1):
+            opt = evaluate(r, a, tp, pp)
+            options.append(opt)
+            if opt.fits:
+                break
+    fitting = [o for o in options if o.fits]
+    good = [o for o in fitting if o.latency_ok] or fitting
+    chosen = (
+        min(good, key=lambda o: (o.total_gpus, o.gpus_per_replica)) if good else None
+    )
+    counts = param_counts(m)
+    kv_tok = kv_bytes_per_token(m, r.kv_precision)
+    notes = []
+    if chosen and not chosen.latency_ok:
+        notes.append(
+            "latency targets are not met by any layout that fits; showing the fastest fit"
+        )
+    if chosen and chosen.pp > 1:
+        notes.append(
+            f"needs {chosen.pp} pipeline stages across nodes (tp={chosen.tp} per node)"
+        )
+    return ServePlan(
+        request=r,
+        params=counts.total,
+        active_params=counts.active,
+        weight_bytes=weight_bytes(m, r.precision),
+        kv_bytes_per_token=kv_tok,
+        kv_bytes_per_sequence=kv_tok * r.context_length,
+        chosen=chosen,
+        options=tuple(options),
+        notes=tuple(notes),
+    )
+
+
+def throughput_curve(plan: ServePlan, max_replicas: int) -> list[tuple[int, float]]:
+    """(replicas, requests/s served at the target utilisation) for charts."""
+    if not plan.chosen:
+        return []
+    per = plan.chosen.replica_rps
+    return [(n, n * per) for n in range(1, max(1, max_replicas) + 1)]

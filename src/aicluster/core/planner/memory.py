@@ -1,0 +1,271 @@
+"""Memory arithmetic: parameter counts, weights, KV cache, training state, activations.
+
+Vocabulary: Ψ (psi) is a parameter count; `b` micro-batch sequences, `s` sequence
+length, `h` hidden size, `a` attention heads, `L` layers, `t` tensor-parallel degree.
+All results are bytes (float) unless the name says otherwise.
+
+Sources (cited again next to each formula):
+- [ZeRO] Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+  Parameter Models" (arXiv:1910.02054), Sec. 3.1 and 5 (16Ψ for mixed-precision Adam).
+- [SP] Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+  Models" (arXiv:2205.05198), Sec. 4, Eq. 1-2 and Table 2.
+- [vLLM] Kwon et al. 2023, "Efficient Memory Management for LLM Serving with
+  PagedAttention" (arXiv:2309.06180), Sec. 3 (KV cache bytes per token).
+- [GQA] Ainslie et al. 2023 (arXiv:2305.13245): K/V have `kv_heads` < `attention_heads`.
+- [LoRA] Hu et al. 2021 (arXiv:2106.09685), Sec. 4: ΔW = B·A with rank r.
+- [QLoRA] Dettmers et al. 2023 (arXiv:2305.14314), Sec. 3: NF4 with double quantization.
+- [GPTQ] Frantar et al. 2022 (arXiv:2210.17323) / AWQ: 4-bit weights, one fp16 scale and
+  a 4-bit zero point per group of 128.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aicluster.core.planner.hardware import ModelShape
+
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "nf4")
+
+# Bits per quantized weight including its group constants:
+#   int4: 4 + (16-bit scale + 4-bit zero) / 128 per group  [GPTQ, AWQ]
+#   nf4:  4 + 0.127 (double-quantized constants, block 64)  [QLoRA Sec. 3]
+WEIGHT_BITS = {
+    "fp32": 32.0,
+    "bf16": 16.0,
+    "fp16": 16.0,
+    "fp8": 8.0,
+    "int8": 8.0,
+    "int4": 4.0 + 20.0 / 128,
+    "nf4": 4.0 + 0.127,
+}
+# Mixed-precision Adam: fp32 master weights, momentum and variance = K = 12 bytes per
+# parameter on top of 2 (fp16/bf16 weights) + 2 (gradients) -> 16Ψ.  [ZeRO Sec. 3.1]
+ADAM_K = 12
+WEIGHT_BYTES_TRAIN = 2
+GRAD_BYTES_TRAIN = 2
+
+
+def bytes_per_param(precision: str) -> float:
+    return WEIGHT_BITS[precision] / 8
+
+
+# --- parameter counts --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Where a model's parameters are. `mlp` counts every expert; `mlp_active` those used per token."""
+
+    embedding: float
+    lm_head: float
+    attention: float
+    mlp: float
+    mlp_active: float
+    norms: float
+
+    @property
+    def total(self) -> float:
+        return self.embedding + self.lm_head + self.attention + self.mlp + self.norms
+
+    @property
+    def active(self) -> float:
+        return (
+            self.embedding
+            + self.lm_head
+            + self.attention
+            + self.mlp_active
+            + self.norms
+        )
+
+    @property
+    def linear(self) -> float:
+        """Weights of the transformer blocks' matmuls (what quantization shrinks)."""
+        return self.attention + self.mlp
+
+
+def param_counts(m: ModelShape) -> ParamCounts:
+    """Parameters of a Llama/GPT-style decoder from its config.
+
+    Per layer: attention = h·(a·d) [Q] + 2·h·(kv·d) [K, V; GQA] + (a·d)·h [O];
+    MLP = 3·h·f when gated (SwiGLU: gate, up, down; Shazeer 2020) else 2·h·f;
+    MoE: `experts` MLPs plus a router of h·experts; two RMSNorms of h.
+    Embedding V·h, plus an LM head V·h unless tied, plus a final norm h.
+    Checks: Llama-2-7B gives 6,738,415,616 and Llama-3-8B 8,030,261,248 (HF checkpoints).
+    Biases and learned position embeddings (GPT, OPT) are not counted; set `params`.
+    """
+    h, L = m.hidden_size, m.layers
+    q_out = m.attention_heads * m.d_head
+    kv_out = m.n_kv_heads * m.d_head
+    attention = L * (h * q_out + 2 * h * kv_out + q_out * h)
+    one_mlp = (3 if m.gated_mlp else 2) * h * m.d_ff
+    router = h * m.experts if m.experts > 1 else 0
+    mlp = L * (m.experts * one_mlp + router)
+    mlp_active = L * (min(m.active_experts, m.experts) * one_mlp + router)
+    embedding = m.vocab_size * h
+    lm_head = 0 if m.tied_embeddings else m.vocab_size * h
+    norms = L * 2 * h + h
+    counts = ParamCounts(embedding, lm_head, attention, mlp, mlp_active, norms)
+    if (
+        m.params
+    ):  # published total overrides the shape; scale the block weights to match
+        extra = m.params - counts.total
+        scale = 1 + extra / counts.linear if counts.linear else 1
+        counts = ParamCounts(
+            embedding,
+            lm_head,
+            attention * scale,
+            mlp * scale,
+            mlp_active * scale,
+            norms,
+        )
+    return counts
+
+
+# --- inference ---------------------------------------------------------------------
+
+
+def weight_bytes(m: ModelShape, precision: str) -> float:
+    """Bytes of the weights at `precision`.
+
+    fp32/bf16/fp16: every parameter at that width (Ψ·4 or Ψ·2 bytes; e.g. the Llama-2-7b-hf
+    bf16 safetensors are 13.48 GB = 6.74e9 x 2). Quantized formats (fp8, int8, int4, nf4)
+    shrink the block matmuls only; embeddings, LM head and norms stay 16-bit, as vLLM,
+    GPTQ and AWQ checkpoints keep them.
+    """
+    c = param_counts(m)
+    if precision in ("fp32", "bf16", "fp16"):
+        return c.total * bytes_per_param(precision)
+    other = c.total - c.linear
+    return c.linear * bytes_per_param(precision) + other * 2
+
+
+def active_weight_bytes(m: ModelShape, precision: str) -> float:
+    """Bytes of the weights one token reads (an MoE reads only its active experts)."""
+    total = weight_bytes(m, precision)
+    c = param_counts(m)
+    if c.mlp == c.mlp_active or c.mlp == 0:
+        return total
+    return total - (c.mlp - c.mlp_active) * bytes_per_param(precision)
+
+
+def kv_bytes_per_token(m: ModelShape, kv_precision: str = "bf16") -> float:
+    """KV cache bytes for one token: 2 (K and V) x L x kv_heads x head_dim x bytes.
+
+    [vLLM Sec. 3]: OPT-13B needs 2 x 5120 x 40 x 2 B = 800 KB per token. With [GQA],
+    Llama-3-8B needs 2 x 32 x 8 x 128 x 2 B = 128 KiB per token.
+    """
+    return 2 * m.layers * m.n_kv_heads * m.d_head * bytes_per_param(kv_precision)
+
+
+# --- training ----------------------------------------------------------------------
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """Bytes per GPU by kind; `total` includes the fixed runtime overhead."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    overhead: float
+
+    @property
+    def total(self) -> float:
+        return (
+            self.weights
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.overhead
+        )
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "weights": self.weights,
+            "gradients": self.gradients,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "overhead": self.overhead,
+            "total": self.total,
+        }
+
+
+def model_state_bytes(
+    trainable: float,
+    frozen: float,
+    strategy: str,
+    dp: int,
+    mp: int = 1,
+    frozen_bits: float = 16.0,
+) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per GPU under mixed-precision Adam.
+
+    [ZeRO Sec. 5.1-5.3] with Ψ = trainable/mp per model-parallel rank, Nd = dp:
+      ddp:   2Ψ + 2Ψ + 12Ψ            = 16Ψ
+      zero1: 2Ψ + 2Ψ + 12Ψ/Nd         (P_os)
+      zero2: 2Ψ + (2Ψ + 12Ψ)/Nd       (P_os+g)
+      zero3: (2Ψ + 2Ψ + 12Ψ)/Nd       (P_os+g+p; = FSDP FULL_SHARD)
+    Frozen weights (LoRA's base model) add frozen·bits/8, sharded only by zero3.
+    """
+    psi = trainable / mp
+    w, g, o = WEIGHT_BYTES_TRAIN * psi, GRAD_BYTES_TRAIN * psi, ADAM_K * psi
+    if strategy in ("zero1", "zero2", "zero3"):
+        o /= dp
+    if strategy in ("zero2", "zero3"):
+        g /= dp
+    if strategy == "zero3":
+        w /= dp
+    base = frozen / mp * frozen_bits / 8
+    if strategy == "zero3":
+        base /= dp
+    return w + base, g, o
+
+
+def activation_bytes(
+    m: ModelShape,
+    seq: int,
+    micro_batch: int,
+    tp: int = 1,
+    checkpointing: str = "selective",
+) -> float:
+    """Activation memory per GPU for one micro-batch in flight, 16-bit activations.
+
+    [SP Eq. 1-2, Table 2], per layer with tensor + sequence parallelism t:
+      none:      s·b·h·(34 + 5·a·s/h) / t   (stores the a·s² attention scores)
+      selective: s·b·h·34 / t               (scores recomputed; FlashAttention never stores them)
+      full:      s·b·h·2 / t per layer, plus one layer's 34·s·b·h/t while it is recomputed.
+    With 1F1B pipelining the first stage holds p micro-batches of L/p layers = L layers'
+    worth [SP Sec. 4.2], so the per-GPU figure uses all L layers over t.
+    The 34 is derived for GPT-style blocks (MHA, 4h MLP); Llama-style blocks land close.
+    Plus the logits for the loss: s·b·V·(2 + 4)/t (bf16 logits and their fp32 copy; assumption).
+    """
+    s, b, h, a, L = seq, micro_batch, m.hidden_size, m.attention_heads, m.layers
+    sbh = s * b * h
+    if checkpointing == "none":
+        per_layer = sbh * (34 + 5 * a * s / h)
+        layers = L * per_layer
+    elif checkpointing == "full":
+        layers = L * 2 * sbh + 34 * sbh
+    else:
+        layers = L * 34 * sbh
+    logits = s * b * m.vocab_size * 6
+    return (layers + logits) / tp
+
+
+def lora_params(m: ModelShape, rank: int, targets: str = "all") -> float:
+    """Trainable LoRA parameters: r·(d_in + d_out) per adapted matrix [LoRA Sec. 4].
+
+    `all`: Q, K, V, O and the MLP matrices (gate, up, down; every expert), as QLoRA
+    recommends [QLoRA Sec. 4]; `attention`: Q, K, V, O only (LoRA's original setting).
+    """
+    h = m.hidden_size
+    q_out, kv_out = m.attention_heads * m.d_head, m.n_kv_heads * m.d_head
+    attn = (h + q_out) + 2 * (h + kv_out) + (q_out + h)
+    per_layer = attn
+    if targets == "all":
+        mats = 3 if m.gated_mlp else 2
+        per_layer += m.experts * mats * (h + m.d_ff)
+    return m.layers * rank * per_layer

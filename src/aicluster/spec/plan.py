@@ -1,0 +1,294 @@
+"""`kind: plan` — the questions a team asks before it builds a cluster.
+
+Vocabulary: `serve` lists models to serve (request rate or concurrent users, prompt and
+output lengths, latency targets); `train` lists training or fine-tuning runs (tokens,
+sequence length, method, target duration); `hardware` picks catalog entries (node shape,
+network, shared storage) and may override or add any catalog entry; `constraints` holds
+the budget and every planning assumption (see `aicluster.core.planner.assumptions`).
+
+Counts such as `tokens` accept plain numbers or a suffix: `2T`, `300B`, `50M`, `1.5e12`.
+A model is either a catalog name (`model: llama-3-8b`) or an explicit `architecture`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
+
+from aicluster.spec.job import _NAME, Strict
+
+_SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(value: object) -> float:
+    """A positive count from a number or text like `15.6T`, `300B`, `2e12`."""
+    if isinstance(value, bool):
+        raise ValueError("expected a number such as 2e12 or 300B")  # noqa: TRY004 (pydantic reports ValueError)
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        m = re.fullmatch(
+            r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]?)\s*", value
+        )
+        if not m or m.group(2).lower() not in _SUFFIX:
+            raise ValueError(
+                f"invalid count {value!r}: use a number or a size like 300B, 2T"
+            )
+        number = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
+    else:
+        raise ValueError("expected a number such as 2e12 or 300B")  # noqa: TRY004 (pydantic reports ValueError)
+    if not number > 0 or number == float("inf"):
+        raise ValueError("must be a positive, finite number")
+    return number
+
+
+Count = Annotated[float, BeforeValidator(parse_count)]
+Precision = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
+KvPrecision = Literal["fp32", "bf16", "fp16", "fp8"]
+PosInt = Annotated[int, Field(ge=1, strict=True)]
+PosFloat = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+
+
+class Architecture(Strict):
+    """A decoder-only transformer, named as in a Hugging Face config.json."""
+
+    layers: PosInt
+    hidden_size: PosInt
+    attention_heads: PosInt
+    vocab_size: PosInt
+    kv_heads: PosInt | None = None
+    head_dim: PosInt | None = None
+    intermediate_size: PosInt | None = None
+    gated_mlp: bool = True
+    experts: PosInt = 1
+    active_experts: PosInt = 1
+    tied_embeddings: bool = False
+    max_context: PosInt | None = None
+    params: Count | None = Field(
+        default=None, description="total; computed when omitted"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Architecture:
+        if self.active_experts > self.experts:
+            raise ValueError("active_experts must not exceed experts")
+        if self.kv_heads and self.attention_heads % self.kv_heads:
+            raise ValueError("attention_heads must be a multiple of kv_heads")
+        if self.head_dim is None and self.hidden_size % self.attention_heads:
+            raise ValueError(
+                "hidden_size must be a multiple of attention_heads (or set head_dim)"
+            )
+        return self
+
+
+class ModelOverride(Strict):
+    """Change fields of a catalog model, or add a model (then the shape fields are required)."""
+
+    name: str | None = None
+    layers: PosInt | None = None
+    hidden_size: PosInt | None = None
+    attention_heads: PosInt | None = None
+    vocab_size: PosInt | None = None
+    kv_heads: PosInt | None = None
+    head_dim: PosInt | None = None
+    intermediate_size: PosInt | None = None
+    gated_mlp: bool | None = None
+    experts: PosInt | None = None
+    active_experts: PosInt | None = None
+    tied_embeddings: bool | None = None
+    max_context: PosInt | None = None
+    params: Count | None = None
+    sources: dict[str, str] | None = None
+
+
+class _Workload(Strict):
+    name: str = Field(pattern=_NAME, description="lowercase letters, digits and '-'")
+    model: str | None = Field(
+        default=None, description="catalog model name, e.g. llama-3-8b"
+    )
+    architecture: Architecture | None = None
+    node: str | None = Field(
+        default=None, description="node shape; default hardware.node"
+    )
+
+    @model_validator(mode="after")
+    def _one_model(self):
+        if (self.model is None) == (self.architecture is None):
+            raise ValueError(
+                "give exactly one of model (a catalog name) or architecture"
+            )
+        return self
+
+
+class ServeWorkload(_Workload):
+    precision: Precision = "bf16"
+    kv_precision: KvPrecision | None = Field(
+        default=None, description="default: bf16 (fp8 with fp8)"
+    )
+    context_length: PosInt | None = Field(
+        default=None, description="default prompt+output"
+    )
+    prompt_tokens: PosInt = 1000
+    output_tokens: PosInt = 250
+    requests_per_second: PosFloat | None = None
+    concurrent_users: PosInt | None = None
+    ttft_ms: PosFloat | None = Field(
+        default=None, description="time to first token target"
+    )
+    tpot_ms: PosFloat | None = Field(
+        default=None, description="time per output token target"
+    )
+    tensor_parallel: PosInt | None = None
+    pipeline_parallel: PosInt | None = None
+    min_replicas: PosInt = 1
+
+    @model_validator(mode="after")
+    def _demand(self) -> ServeWorkload:
+        if self.requests_per_second is not None and self.concurrent_users is not None:
+            raise ValueError("give requests_per_second or concurrent_users, not both")
+        if (
+            self.context_length
+            and self.context_length < self.prompt_tokens + self.output_tokens
+        ):
+            raise ValueError(
+                "context_length must be at least prompt_tokens + output_tokens"
+            )
+        return self
+
+
+class TrainWorkload(_Workload):
+    method: Literal["full", "lora", "qlora"] = "full"
+    tokens: Count = Field(description="training tokens per epoch, e.g. 2T or 5e8")
+    epochs: PosFloat = 1.0
+    sequence_length: PosInt = 4096
+    global_batch_tokens: Count | None = Field(
+        default=None, description="default 4M (full), 256K (LoRA)"
+    )
+    micro_batch: PosInt = 1
+    lora_rank: PosInt = 16
+    lora_targets: Literal["all", "attention"] = "all"
+    strategy: Literal["auto", "ddp", "zero1", "zero2", "zero3", "fsdp"] = "auto"
+    tensor_parallel: PosInt | None = None
+    pipeline_parallel: PosInt | None = None
+    activation_checkpointing: Literal["none", "selective", "full"] = "selective"
+    precision: Literal["bf16", "fp8"] = "bf16"
+    gpus: PosInt | None = Field(
+        default=None, description="fixed GPU count; default: derived"
+    )
+    target_hours: PosFloat | None = None
+    target_days: PosFloat | None = None
+
+    @model_validator(mode="after")
+    def _target(self) -> TrainWorkload:
+        if self.target_hours is not None and self.target_days is not None:
+            raise ValueError("give target_hours or target_days, not both")
+        return self
+
+
+class GpuOverride(Strict):
+    name: str | None = None
+    aliases: list[str] | None = None
+    memory_gib: PosFloat | None = None
+    memory_bandwidth_gb_s: PosFloat | None = None
+    bf16_tflops: PosFloat | None = None
+    fp8_tflops: PosFloat | None = None
+    int8_tops: PosFloat | None = None
+    fp32_tflops: PosFloat | None = None
+    tdp_w: PosFloat | None = None
+    nvlink_gb_s: PosFloat | None = None
+    pcie_gb_s: PosFloat | None = None
+    price_usd: Annotated[float, Field(ge=0)] | None = None
+    sources: dict[str, str] | None = None
+
+
+class NodeOverride(Strict):
+    name: str | None = None
+    gpu: str | None = None
+    gpus: PosInt | None = None
+    cpus: PosInt | None = None
+    memory_gib: PosFloat | None = None
+    power_w: PosFloat | None = None
+    nics: PosInt | None = None
+    nvme_tb: Annotated[float, Field(ge=0)] | None = None
+    nvme_read_gb_s: PosFloat | None = None
+    price_usd: Annotated[float, Field(ge=0)] | None = None
+    base_price_usd: Annotated[float, Field(ge=0)] | None = None
+    rack_units: PosInt | None = None
+    sources: dict[str, str] | None = None
+
+
+class InterconnectOverride(Strict):
+    name: str | None = None
+    kind: Literal["ethernet", "infiniband", "pcie", "nvlink"] | None = None
+    gbit_s: PosFloat | None = None
+    switch_ports: PosInt | None = None
+    switch_power_w: Annotated[float, Field(ge=0)] | None = None
+    switch_price_usd: Annotated[float, Field(ge=0)] | None = None
+    sources: dict[str, str] | None = None
+
+
+class StorageOverride(Strict):
+    name: str | None = None
+    read_gb_s: PosFloat | None = None
+    write_gb_s: PosFloat | None = None
+    sources: dict[str, str] | None = None
+
+
+class Hardware(Strict):
+    node: str = Field(
+        default="dgx-h100", description="default node shape (catalog nodes)"
+    )
+    network: str = Field(default="infiniband-ndr", description="node-to-node network")
+    shared_storage: str = Field(
+        default="nfs-25gbe", description="catalog storage entry"
+    )
+    nics_per_node: PosInt | None = Field(
+        default=None, description="default: the node shape's"
+    )
+    gpus: dict[str, GpuOverride] = Field(default_factory=dict)
+    nodes: dict[str, NodeOverride] = Field(default_factory=dict)
+    interconnects: dict[str, InterconnectOverride] = Field(default_factory=dict)
+    storage: dict[str, StorageOverride] = Field(default_factory=dict)
+
+
+class Constraints(Strict):
+    budget_usd: Annotated[float, Field(gt=0)] | None = None
+    mfu: Fraction | None = None
+    prefill_efficiency: Fraction | None = None
+    bandwidth_efficiency: Fraction | None = None
+    network_efficiency: Fraction | None = None
+    gpu_memory_utilization: Fraction | None = None
+    runtime_overhead_gib: Annotated[float, Field(ge=0)] | None = None
+    max_num_seqs: PosInt | None = None
+    utilization: Fraction | None = None
+    pue: Annotated[float, Field(ge=1, le=3)] | None = None
+    electricity_usd_per_kwh: Annotated[float, Field(ge=0)] | None = None
+    rack_power_kw: PosFloat | None = None
+    amortization_months: PosInt | None = None
+    checkpoint_interval_minutes: PosFloat | None = None
+
+
+class PlanSpec(Strict):
+    kind: Literal["plan"] = "plan"
+    name: str = Field(pattern=_NAME, description="lowercase letters, digits and '-'")
+    description: str | None = None
+    hardware: Hardware = Field(default_factory=Hardware)
+    models: dict[str, ModelOverride] = Field(default_factory=dict)
+    serve: list[ServeWorkload] = Field(default_factory=list)
+    train: list[TrainWorkload] = Field(default_factory=list)
+    constraints: Constraints = Field(default_factory=Constraints)
+
+    @model_validator(mode="after")
+    def _workloads(self) -> PlanSpec:
+        if not self.serve and not self.train:
+            raise ValueError("a plan needs at least one workload under serve or train")
+        names = [w.name for w in (*self.serve, *self.train)]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(
+                f"workload names must be unique; repeated: {', '.join(dupes)}"
+            )
+        return self
