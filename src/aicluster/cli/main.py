@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from aicluster.cli import artifacts_cmds
 from aicluster.cli import jobs_cmds, plan_cmds, platform_cmds, services_cmds
 
 app = typer.Typer(
@@ -16,7 +15,6 @@ app = typer.Typer(
 )
 platform_cmds.register(app)
 jobs_cmds.register(app)
-artifacts_cmds.register(app)
 services_cmds.register(app)
 plan_cmds.register(app)
 
