@@ -118,3 +118,44 @@ def test_scale_and_delete(control_plane):
     assert api(control_plane, "DELETE", "/v1/services/scaler").status_code == 200
     wait_for(lambda: api(control_plane, "GET", "/v1/services/scaler").status_code == 404,
              what="deletion")  # fmt: skip
+
+
+def test_autoscaling_from_zero_up_and_back_to_zero(control_plane):
+    spec = sim_service("elastic", replicas=0)
+    spec["replicas"] = {"min": 0, "max": 2}
+    spec["autoscaling"] = {"target_ongoing_requests": 1, "upscale_delay_s": 0,
+                           "downscale_delay_s": 1, "scale_to_zero_after_s": 2}
+    spec["engine_args"] = {"decode-s-per-token": 0.02}
+    assert api(control_plane, "POST", "/v1/services", json={"spec": spec}).status_code == 201
+    assert ready_count(control_plane, "elastic") == 0
+    # A request to a service at zero is held while a replica starts.
+    r = api(control_plane, "POST", "/v1/completions",
+            json={"model": "elastic", "prompt": "wake up", "max_tokens": 2})  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert int(r.headers["x-aicluster-cold-start-ms"]) > 0
+    # Six concurrent long streams: 6 in flight against a target of 1 -> max replicas.
+    client = openai.AsyncOpenAI(base_url=control_plane.url + "/v1",
+                                api_key=control_plane.admin_token)  # fmt: skip
+
+    async def load():
+        async def one(i):
+            stream = await client.completions.create(model="elastic", prompt=f"load {i}",
+                                                     max_tokens=400, stream=True)  # fmt: skip
+            return [c async for c in stream]
+
+        return await asyncio.gather(*(one(i) for i in range(6)))
+
+    import asyncio
+    import threading
+
+    results = []
+    t = threading.Thread(target=lambda: results.append(asyncio.run(load())))
+    t.start()
+    wait_for(lambda: ready_count(control_plane, "elastic") == 2, timeout=60, what="scale up to 2")
+    t.join(timeout=120)
+    assert results and all(len(chunks) > 1 for chunks in results[0])
+    # Idle: down to zero replicas after the delays.
+    wait_for(lambda: ready_count(control_plane, "elastic") == 0 and not [
+        r for r in api(control_plane, "GET", "/v1/services/elastic").json()["replicas"]
+        if r["status"] in ("PENDING", "STARTING", "READY")], timeout=60, what="scale to zero")
+    api(control_plane, "DELETE", "/v1/services/elastic")

@@ -1,20 +1,38 @@
 """How many replicas a service should have now.
 
-A manual count (`aicluster scale`) wins; otherwise the service's floor, raised to
-one when requests are held for a service scaled to zero, capped by its maximum.
+A manual count (`aicluster scale`) wins; otherwise `core.autoscale` decides from
+the gateway's view of demand (requests in flight, requests held for a service with
+no replica), with its state kept here between decisions, per service.
 """
 
 from __future__ import annotations
 
 from aicluster.control.endpoints import Demand
+from aicluster.core.autoscale import AutoscaleConfig, AutoscaleContext, AutoscaleState, autoscale
 
 
-def desired_replicas(svc, live, demand: Demand, now: float) -> int:
-    spec = svc.spec.get("replicas", {})
-    lo, hi = int(spec.get("min", 1)), int(spec.get("max", 1))
-    if svc.manual_replicas is not None:
-        return max(0, min(svc.manual_replicas, hi))
-    want = lo
-    if want == 0 and (demand.waiting_since is not None or demand.ongoing > 0):
-        want = 1
-    return min(want, hi)
+class Scaler:
+    def __init__(self) -> None:
+        self.state: dict[tuple[str, str], AutoscaleState] = {}
+
+    def desired(self, svc, live: list, demand: Demand, now: float) -> int:
+        spec = svc.spec
+        bounds = spec.get("replicas", {})
+        lo, hi = int(bounds.get("min", 1)), int(bounds.get("max", 1))
+        if svc.manual_replicas is not None:
+            return max(0, min(svc.manual_replicas, hi))
+        config = AutoscaleConfig(min_replicas=lo, max_replicas=hi, **spec.get("autoscaling", {}))
+        key = (svc.team, svc.name)
+        want, self.state[key] = autoscale(
+            AutoscaleContext(
+                config=config, now=now, current_replicas=len(live),
+                ongoing_requests=float(demand.ongoing),
+                queued_requests=1 if demand.waiting_since is not None else 0,
+                state=self.state.get(key),
+            )  # fmt: skip
+        )
+        return want
+
+    def reason(self, team: str, name: str) -> str | None:
+        st = self.state.get((team, name))
+        return st.reason if st else None

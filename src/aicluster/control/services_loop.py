@@ -22,7 +22,7 @@ import httpx
 from aicluster.control.endpoints import Endpoint, EndpointTable, ServiceEndpoints
 from aicluster.control.logs import LogStore
 from aicluster.control.snapshot import REPLICA_PREFIX, WorkloadView, per_worker
-from aicluster.control.scaling import desired_replicas
+from aicluster.control.scaling import Scaler
 from aicluster.core.model import Admit, Wait
 from aicluster.core.replica import ReplicaReason as RR
 from aicluster.core.replica import ReplicaStatus as RS
@@ -62,6 +62,7 @@ class ServiceLoop:
         self.waiting: dict[str, str] = {}  # replica id -> why the scheduler keeps it waiting
         self.alive: set[str] = set()
         self.starting_since: dict[str, float] = {}  # replica id -> when it got its node
+        self.scaler = Scaler()
 
     # -- WorkloadSource ---------------------------------------------------------------
 
@@ -205,7 +206,7 @@ class ServiceLoop:
         self.services.transition(rep.id, rep.status, RS.STOPPED, reason)
 
     def _scale(self, svc: ServiceRecord, live: list[ReplicaRecord]) -> list[ReplicaRecord]:
-        want = desired_replicas(svc, live, self.table.demand(svc.team, svc.name), self.clock())
+        want = self.scaler.desired(svc, live, self.table.demand(svc.team, svc.name), self.clock())
         while len(live) < want:
             live.append(self.services.add_replica(svc))
         if len(live) > want:

@@ -128,11 +128,14 @@ class Gateway:
                        request: Request):  # fmt: skip
         self.table.request_started(ep.team, ep.name, self.clock(), held=not ep.replicas)
         done = False
+        held_at = self.clock() if not ep.replicas else None
         try:
             ep = await self._wait_for_replicas(ep)
             if ep is None:
                 return errors.unavailable("no replica became ready in time")
             resp = await self._try_replicas(ep, path, raw, body, request)
+            if held_at is not None:  # scale from zero: say how long the cold start took
+                resp.headers["x-aicluster-cold-start-ms"] = f"{(self.clock() - held_at) * 1e3:.0f}"
             if isinstance(resp, StreamingResponse):
                 prev = resp.background
                 resp.background = BackgroundTask(self._finish, ep, prev)
