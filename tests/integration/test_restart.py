@@ -32,3 +32,32 @@ def test_jobs_submitted_while_down_are_not_lost(control_plane, admin):
     control_plane.start()
     done = control_plane.client().wait(job["id"], TERMINAL, timeout=60)
     assert done["status"] == "SUCCEEDED"
+
+
+def test_replicas_survive_a_control_plane_restart(control_plane):
+    import httpx
+
+    def api(method, path, **kw):
+        return httpx.request(method, control_plane.url + path, timeout=30,
+                             headers={"Authorization": f"Bearer {control_plane.admin_token}"}, **kw)
+
+    spec = {"kind": "service", "name": "steady", "model": "m", "engine": "simulated",
+            "resources": {"cpus": 0.5}, "replicas": {"min": 2, "max": 2}}
+    assert api("POST", "/v1/services", json={"spec": spec}).status_code == 201
+
+    def ready_ids():
+        return {r["id"] for r in api("GET", "/v1/services/steady").json()["replicas"]
+                if r["status"] == "READY"}
+
+    before = wait_for(lambda: len(ready_ids()) == 2 and ready_ids(), timeout=90, what="2 ready")
+    control_plane.kill9()
+    control_plane.start()
+    body = {"model": "steady", "prompt": "still there?", "max_tokens": 2}
+    r = wait_for(lambda: (x := api("POST", "/v1/completions", json=body)).status_code == 200 and x,
+                 timeout=30, what="the gateway to route again")
+    assert r.json()["choices"][0]["text"]
+    assert ready_ids() == before, "the same replicas were adopted: none leaked, none restarted"
+    live = [r for r in api("GET", "/v1/services/steady").json()["replicas"]
+            if r["status"] in ("PENDING", "STARTING", "READY")]
+    assert len(live) == 2
+    api("DELETE", "/v1/services/steady")
