@@ -40,7 +40,9 @@ class ControlPlane:
         apply_ray_env(home, loopback=ray_address.startswith("127."))
         from aicluster.api.app import create_app
         from aicluster.api.services_routes import services_router
+        from aicluster.api.metrics_routes import metrics_router
         from aicluster.control.endpoints import EndpointTable
+        from aicluster.control.metrics import Metrics, StateCollector
         from aicluster.control.service_ops import ServiceOps
         from aicluster.control.services_loop import ServiceLoop
         from aicluster.gateway.proxy import Gateway
@@ -60,17 +62,21 @@ class ControlPlane:
         self.stopping = threading.Event()
         self.wakeup = threading.Event()
         wake = self.wakeup.set
-        self.controller = Controller(self.store, self.engine, logs, workdirs, home, notify=wake)
+        self.metrics = Metrics()
+        self.controller = Controller(self.store, self.engine, logs, workdirs, home, notify=wake,
+                                     metrics=self.metrics)  # fmt: skip
         table = EndpointTable()
         service_store = ServiceStore(self.store)
         self.services = ServiceLoop(service_store, self.engine, logs, table, notify=wake)
         self.controller.sources.append(self.services)
         ops = ServiceOps(service_store, table, notify=wake)
-        self.gateway = Gateway(table, self.store.authenticate)
+        self.metrics.add_state(StateCollector(self.store, self.engine, self.services))
+        self.gateway = Gateway(table, self.store.authenticate, metrics=self.metrics)
         self.app = create_app(
             Services(self.store, self.engine, logs, workdirs, notify=wake,
                      other_workloads=self.services.active_workloads),
-            routers=[lambda p: services_router(ops, p), lambda _p: self.gateway.router()],
+            routers=[lambda p: services_router(ops, p), lambda _p: self.gateway.router(),
+                     lambda p: metrics_router(self.metrics, p)],
         )  # fmt: skip
 
     def _loop(self) -> None:

@@ -39,10 +39,11 @@ NODE_DEATH_GRACE_S = 30.0
 class Controller:
     def __init__(
         self, store: Store, engine: Engine, logs: LogStore, workdirs: Path, home: Path,
-        clock=time.time, launch_threads: int = 4, notify=lambda: None,
+        clock=time.time, launch_threads: int = 4, notify=lambda: None, metrics=None,
     ):  # fmt: skip
         self.store, self.engine, self.logs = store, engine, logs
         self.notify = notify
+        self.metrics = metrics  # control.metrics.Metrics, or None
         self.workdirs, self.home, self.clock = workdirs, home, clock
         self.launching: dict[str, Future] = {}
         self.pool = ThreadPoolExecutor(launch_threads, thread_name_prefix="launch")
@@ -59,6 +60,14 @@ class Controller:
     # -- the loop -------------------------------------------------------------------
 
     def tick(self) -> None:
+        started = time.perf_counter()
+        try:
+            self._tick()
+        finally:
+            if self.metrics is not None:
+                self.metrics.cycle_seconds.observe(time.perf_counter() - started)
+
+    def _tick(self) -> None:
         self.nodes = self.engine.nodes()
         self._track_nodes(self.nodes)
         for source in self.sources:

@@ -42,9 +42,10 @@ def prompt_of(body: dict) -> str:
 class Gateway:
     def __init__(
         self, table: EndpointTable, authenticate: Callable, clock=time.time,
-        hold_timeout_s: float = 120.0,
+        hold_timeout_s: float = 120.0, metrics=None,
     ):  # fmt: skip
         self.table, self.authenticate, self.clock = table, authenticate, clock
+        self.metrics = metrics  # control.metrics.Metrics, or None
         self.hold_timeout_s = hold_timeout_s
         self._policies: dict[tuple[str, str], tuple[tuple, RoutingPolicy]] = {}
         self._client: httpx.AsyncClient | None = None
@@ -173,6 +174,7 @@ class Gateway:
         candidates = policy.choose_replicas(route, [ReplicaState(rid) for rid in urls])
         headers = {"content-type": request.headers.get("content-type", "application/json")}
         last_error = "no healthy replica"
+        started = self.clock()
         for rid in candidates[:MAX_ATTEMPTS]:
             policy.on_start(rid, route)
             try:
@@ -185,30 +187,58 @@ class Gateway:
                 policy.on_finish(rid)
                 policy.on_result(rid, False, self.clock())
                 last_error = f"replica {rid}: {type(exc).__name__}"
+                self._count(ep, rid, "connect_error")
                 continue
             if upstream.status_code >= 500:
                 await upstream.aclose()
                 policy.on_finish(rid)
                 policy.on_result(rid, False, self.clock())
                 last_error = f"replica {rid} answered {upstream.status_code}"
+                self._count(ep, rid, str(upstream.status_code))
                 continue
             policy.on_result(rid, True, self.clock())
-            return _passthrough(upstream, lambda rid=rid: policy.on_finish(rid))
+            self._count(ep, rid, str(upstream.status_code))
+            return _passthrough(
+                upstream,
+                on_first=lambda rid=rid: self._observe_ttfb(ep, rid, started),
+                on_done=lambda rid=rid: (policy.on_finish(rid), self._observe_end(ep, started)),
+            )
         return errors.unavailable(f"all replicas failed: {last_error}")
+
+    def _count(self, ep: ServiceEndpoints, rid: str, code: str) -> None:
+        if self.metrics is not None:
+            self.metrics.gateway_requests.labels(ep.team, ep.name, rid, code).inc()
+
+    def _observe_ttfb(self, ep: ServiceEndpoints, rid: str, started: float) -> None:
+        if self.metrics is not None:
+            self.metrics.gateway_ttfb.labels(ep.team, ep.name, rid).observe(self.clock() - started)
+
+    def _observe_end(self, ep: ServiceEndpoints, started: float) -> None:
+        if self.metrics is not None:
+            self.metrics.gateway_latency.labels(ep.team, ep.name).observe(self.clock() - started)
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
 
 
-def _passthrough(upstream: httpx.Response, on_done: Callable[[], None]) -> StreamingResponse:
+def _passthrough(upstream: httpx.Response, on_first: Callable[[], None],
+                 on_done: Callable[[], None]) -> StreamingResponse:  # fmt: skip
+    async def body():
+        first = True
+        async for chunk in upstream.aiter_raw():
+            if first and chunk:
+                first = False
+                on_first()
+            yield chunk
+
     async def close():
         await upstream.aclose()
         on_done()
 
     keep = {k: v for k, v in upstream.headers.items()
             if k.lower() in ("content-type", "content-encoding", "cache-control", "x-request-id")}  # fmt: skip
-    return StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code,
+    return StreamingResponse(body(), status_code=upstream.status_code,
                              headers=keep, background=BackgroundTask(close))  # fmt: skip
 
 

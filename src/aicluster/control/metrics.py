@@ -1,0 +1,123 @@
+"""Prometheus metrics of the control plane.
+
+Two kinds: live instruments the loop and the gateway update (scheduler cycle time,
+gateway requests, latency, time to first byte), and state read at scrape time from
+the store and the engine (nodes, GPUs, queues, jobs, replicas), so a scrape always
+shows the truth of that moment and the reconcile loop pays nothing for it.
+One registry per control plane, passed in: no global state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import Counter as PromCounter
+from prometheus_client.core import GaugeMetricFamily
+
+from aicluster.core.lifecycle import JobStatus
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.cycle_seconds = Histogram(
+            "aicluster_scheduler_cycle_seconds", "Duration of one reconcile/scheduling tick",
+            registry=r, buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.gateway_requests = PromCounter(
+            "aicluster_gateway_requests", "Gateway requests by service, replica and outcome",
+            ["team", "service", "replica", "code"], registry=r,
+        )  # fmt: skip
+        self.gateway_latency = Histogram(
+            "aicluster_gateway_request_seconds", "Request latency through the gateway",
+            ["team", "service"], registry=r, buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.gateway_ttfb = Histogram(
+            "aicluster_gateway_time_to_first_byte_seconds",
+            "Time to the first response byte (time to first token for streams)",
+            ["team", "service", "replica"], registry=r, buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+
+    def add_state(self, state: StateCollector) -> None:
+        self.registry.register(state)
+
+
+class StateCollector:
+    """Reads the store and the engine on every scrape."""
+
+    def __init__(self, store, engine, services=None, clock=time.time):
+        self.store, self.engine, self.services, self.clock = store, engine, services, clock
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from aicluster.control.snapshot import allocations, job_workload
+
+        nodes = self.engine.nodes()
+        active = self.store.list_jobs(statuses=[JobStatus.ADMITTED, JobStatus.RUNNING])
+        views = [job_workload(j) for j in active]
+        if self.services is not None:
+            views += self.services.active_workloads()
+        used = allocations(views)
+        n_state = GaugeMetricFamily("aicluster_nodes", "Nodes by pool and state", labels=["pool", "state"])
+        counts = Counter((n.pool, "Ready" if n.alive else "Down") for n in nodes)
+        for (pool, state), k in sorted(counts.items()):
+            n_state.add_metric([pool, state], k)
+        yield n_state
+        gpus = GaugeMetricFamily("aicluster_gpus", "GPUs per pool: total and allocated",
+                                 labels=["pool", "kind"])  # fmt: skip
+        for pool in sorted({n.pool for n in nodes}):
+            live = [n for n in nodes if n.pool == pool and n.alive]
+            gpus.add_metric([pool, "total"], sum(n.gpus for n in live))
+            gpus.add_metric([pool, "allocated"], sum(used[n.node_id].gpus for n in live if n.node_id in used))
+        yield gpus
+        team_gpus = GaugeMetricFamily("aicluster_team_gpus_allocated", "GPUs held per team",
+                                      labels=["team"])  # fmt: skip
+        per_team: Counter = Counter()
+        for w in views:
+            per_team[w.team] += w.per_worker.gpus * w.workers
+        for team, k in sorted(per_team.items()):
+            team_gpus.add_metric([team], k)
+        yield team_gpus
+        yield from self._queue_and_jobs()
+        if self.services is not None:
+            yield self._replicas()
+
+    def _queue_and_jobs(self):
+        now = self.clock()
+        pending = self.store.list_jobs(statuses=[JobStatus.PENDING])
+        q = GaugeMetricFamily("aicluster_queue_length", "Pending jobs per team", labels=["team"])
+        wait = GaugeMetricFamily("aicluster_queue_oldest_wait_seconds",
+                                 "Age of the oldest pending job per team", labels=["team"])  # fmt: skip
+        by_team: dict[str, list] = {}
+        for j in pending:
+            by_team.setdefault(j.team, []).append(j)
+        for team, jobs in sorted(by_team.items()):
+            q.add_metric([team], len(jobs))
+            wait.add_metric([team], now - min(j.created_at for j in jobs))
+        yield q
+        yield wait
+        outcomes = GaugeMetricFamily("aicluster_jobs", "Jobs by status and reason",
+                                     labels=["status", "reason"])  # fmt: skip
+        counts = Counter((j.status.value, j.reason or "") for j in self.store.list_jobs(limit=100000))
+        for (status, reason), k in sorted(counts.items()):
+            outcomes.add_metric([status, reason], k)
+        yield outcomes
+
+    def _replicas(self):
+        fam = GaugeMetricFamily("aicluster_replicas", "Live replicas per service and status",
+                                labels=["team", "service", "status"])  # fmt: skip
+        names = {s.seq: (s.team, s.name) for s in self.services.services.list()}
+        counts = Counter()
+        for r in self.services.services.replicas():
+            team, name = names.get(r.service_seq, (r.team, "?"))
+            counts[(team, name, r.status.value)] += 1
+        for (team, name, status), k in sorted(counts.items()):
+            fam.add_metric([team, name, status], k)
+        return fam
