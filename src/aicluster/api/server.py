@@ -72,10 +72,16 @@ class ControlPlane:
         ops = ServiceOps(service_store, table, notify=wake)
         self.metrics.add_state(StateCollector(self.store, self.engine, self.services))
         self.gateway = Gateway(table, self.store.authenticate, metrics=self.metrics)
+        from aicluster.api.artifacts_routes import artifact_router
+        from aicluster.control.artifacts import ArtifactService
+        from aicluster.store.artifacts import ArtifactStore
+
+        self.artifacts = ArtifactService(ArtifactStore.open(self.store, home))
         self.app = create_app(
             Services(self.store, self.engine, logs, workdirs, notify=wake,
                      other_workloads=self.services.active_workloads),
             routers=[lambda p: services_router(ops, p), lambda _p: self.gateway.router(),
+                     lambda p: artifact_router(self.artifacts, p),
                      lambda p: metrics_router(self.metrics, p)],
         )  # fmt: skip
 

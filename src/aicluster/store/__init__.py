@@ -6,5 +6,6 @@ written in one transaction, guarded by compare-and-set on the old status.
 
 from aicluster.store import service_schema  # noqa: F401 - registers its tables on Base
 from aicluster.store.db import Store, open_store
+from aicluster.store.artifacts import schema as _artifact_tables  # noqa: F401 - on Base.metadata
 
 __all__ = ["Store", "open_store"]

@@ -1,0 +1,215 @@
+"""Artifact calls of the Python client: functions that take a `Client`.
+
+Invariants:
+- `push` hashes every file locally, uploads only the blobs the server lacks
+  (so pushing again after an interrupted push resumes it) and makes the version
+  visible with one commit; a file that changes while it is pushed fails the push
+  (the server refuses bytes that do not match the declared hash).
+- `pull` checks every downloaded file against its sha256 and creates DEST only
+  when complete; with a `BlobCache` it materialises a read-only folder of links
+  into the cache and downloads only blobs the cache lacks.
+- Failures raise ApiError (as the rest of the SDK) with a one-line message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from aicluster.cli.sdk import ApiError, Client, _error_from
+from aicluster.store.artifacts.manifest import (
+    FileEntry,
+    Manifest,
+    ManifestError,
+    scan_folder,
+)
+from aicluster.store.artifacts.names import ArtifactRef, RefError, parse_ref
+from aicluster.store.artifacts.repository import write_tree
+
+Progress = Callable[[int], None]
+CHUNK = 1 << 20
+TRANSFER_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
+
+
+def resolve_ref(client: Client, name: str) -> ArtifactRef:
+    """Parse `[team/]name[:version|tag]`; the team defaults to the caller's (whoami)."""
+    try:
+        if "/" in name.partition(":")[0]:
+            return parse_ref(name)
+        return parse_ref(name, default_team=client.whoami().get("team"))
+    except RefError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def _base(ref: ArtifactRef) -> str:
+    return f"/v1/artifacts/{quote(ref.team)}/{quote(ref.name)}"
+
+
+# --- push -----------------------------------------------------------------------------
+
+
+def push(
+    client: Client, path: str | Path, name: str, kind: str = "model", *,
+    metadata: dict | None = None, producer_job: str | None = None,
+    progress: Progress | None = None, hashing: Progress | None = None,
+    on_plan: Callable[[int, int], None] | None = None,
+) -> dict:  # fmt: skip
+    """Upload a folder (or one file) as a new version of `name`; returns the version.
+
+    `hashing(n)` and `progress(n)` receive byte counts while hashing and uploading;
+    `on_plan(blobs, bytes)` is told how much will be uploaded once that is known.
+    """
+    try:
+        scanned = scan_folder(Path(path), hashing)
+    except (ManifestError, OSError) as exc:
+        raise ApiError(400, f"PATH: {exc}") from None
+    where = {e.sha256: (p, e.size) for e, p in scanned}
+    body = {
+        "name": name, "kind": kind, "files": [e.__dict__ for e, _ in scanned],
+        "metadata": metadata or {}, "producer_job": producer_job,
+    }  # fmt: skip
+    up = client._json("POST", "/v1/artifacts/uploads", json=body)
+    missing = up["missing"]
+    if on_plan:
+        on_plan(len(missing), sum(where[d][1] for d in missing))
+    for _ in range(3):
+        for digest in missing:
+            put_blob(client, up["upload_id"], digest, where[digest][0], progress)
+        try:
+            return client._json("POST", f"/v1/artifacts/uploads/{up['upload_id']}/commit")
+        except ApiError as exc:
+            again = exc.detail.get("missing") if isinstance(exc.detail, dict) else None
+            if exc.status_code != 409 or not again:
+                raise
+            missing = again  # collected meanwhile: send them again
+    raise ApiError(409, f"could not commit {name}: blobs keep disappearing")
+
+
+def put_blob(
+    client: Client, upload_id: str, digest: str, path: Path, progress: Progress | None = None
+) -> dict:
+    def chunks() -> Iterator[bytes]:
+        with open(path, "rb") as f:
+            while data := f.read(CHUNK):
+                if progress:
+                    progress(len(data))
+                yield data
+
+    size = Path(path).stat().st_size
+    return client._json(
+        "PUT", f"/v1/artifacts/uploads/{upload_id}/blobs/{digest}", content=chunks(),
+        headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"},
+        timeout=TRANSFER_TIMEOUT,
+    )  # fmt: skip
+
+
+# --- pull -----------------------------------------------------------------------------
+
+
+def manifest_of(version: dict) -> Manifest:
+    files = tuple(FileEntry(f["path"], f["size"], f["sha256"]) for f in version["files"])
+    return Manifest(
+        version["team"], version["name"], version["kind"], version["version"], files,
+        version.get("metadata") or {}, version.get("producer_job"),
+        version.get("created_at") or 0.0, version.get("created_by"),
+    )  # fmt: skip
+
+
+def blob_fetcher(client: Client, version: dict) -> Callable[[str], Iterator[bytes]]:
+    """digest -> streamed bytes of one file of this version, through the API."""
+    base = f"/v1/artifacts/{quote(version['team'])}/{quote(version['name'])}"
+    prefix = f"{base}/versions/{version['version']}/blobs/"
+
+    def fetch(digest: str) -> Iterator[bytes]:
+        try:
+            with client._http.stream("GET", prefix + digest, timeout=TRANSFER_TIMEOUT) as resp:
+                if not resp.is_success:
+                    resp.read()
+                    raise _error_from(resp)
+                yield from resp.iter_bytes(CHUNK)
+        except httpx.TransportError as exc:
+            raise ApiError(0, f"download of blob {digest[:12]} failed: {exc}") from None
+
+    return fetch
+
+
+def pull(
+    client: Client, name: str, dest: str | Path, *, cache=None,
+    progress: Progress | None = None, on_plan: Callable[[int, int], None] | None = None,
+) -> tuple[dict, Path]:  # fmt: skip
+    """Download a version into the new folder `dest`; returns (version, path).
+
+    With `cache` (a runtime.cache.BlobCache), `dest` is a read-only folder of links
+    into the cache and only blobs missing from the cache are downloaded.
+    """
+    v = version(client, name)
+    manifest = manifest_of(v)
+    fetch = blob_fetcher(client, v)
+    dest = Path(dest)
+    if on_plan:
+        sizes = {f.sha256: f.size for f in manifest.files}
+        if cache is not None:
+            sizes = {d: s for d, s in sizes.items() if not cache.has(d)}
+        on_plan(len(sizes), sum(sizes.values()))
+    try:
+        if cache is not None:
+            return v, cache.materialise(manifest, dest, fetch, progress).path
+        return v, write_tree(manifest, dest, fetch, progress)
+    except FileExistsError as exc:
+        raise ApiError(400, f"DEST: {exc}") from None
+    except ValueError as exc:  # hash mismatch
+        raise ApiError(502, f"{name}: {exc}") from None
+
+
+# --- the rest -------------------------------------------------------------------------
+
+
+def list_artifacts(client: Client, team: str | None = None) -> list[dict]:
+    params = {"team": team} if team else {}
+    return client._json("GET", "/v1/artifacts", params=params)["artifacts"]
+
+
+def describe(client: Client, name: str) -> dict:
+    """The artifact with every version; with `:VERSION` only that version and its files."""
+    ref = resolve_ref(client, name)
+    if ref.selector is None:
+        return client._json("GET", _base(ref))
+    return version(client, name)
+
+
+def version(client: Client, name: str) -> dict:
+    ref = resolve_ref(client, name)
+    sel = quote(ref.selector or "latest")
+    return client._json("GET", f"{_base(ref)}/versions/{sel}")
+
+
+def tag(client: Client, name: str, tag_name: str) -> dict:
+    ref = resolve_ref(client, name)
+    return client._json(
+        "PUT", f"{_base(ref)}/tags/{quote(tag_name)}", json={"version": ref.selector}
+    )
+
+
+def untag(client: Client, name: str, tag_name: str) -> None:
+    ref = resolve_ref(client, name)
+    client._request("DELETE", f"{_base(ref)}/tags/{quote(tag_name)}")
+
+
+def delete(client: Client, name: str) -> dict:
+    ref = resolve_ref(client, name)
+    if ref.selector is None:
+        raise ApiError(400, f"{ref}: name the version to delete (NAME:VERSION or NAME:TAG)")
+    return client._json("DELETE", f"{_base(ref)}/versions/{quote(ref.selector)}")
+
+
+def share(client: Client, name: str, team: str, shared: bool = True) -> dict:
+    ref = resolve_ref(client, name)
+    return client._json("PUT" if shared else "DELETE", f"{_base(ref)}/shares/{quote(team)}")
+
+
+def gc(client: Client) -> dict[str, Any]:
+    return client._json("POST", "/v1/artifacts/gc")

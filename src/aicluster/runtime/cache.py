@@ -1,0 +1,218 @@
+"""The node-local blob cache and read-only materialised artifact folders.
+
+Layout under the cache root: `blobs/<2 hex>/<sha256>` (read-only files),
+`tmp/` (downloads in progress), `locks/<2 hex>.lock` (one lock per digest prefix)
+and `evict.lock`.
+
+Invariants:
+- A blob appears in the cache only complete and hash-checked (downloaded into
+  `tmp/`, verified, then renamed into place), so any process on the node may use
+  any blob it sees. Under its prefix lock a blob is downloaded at most once, however
+  many processes ask for it at the same time.
+- LRU: a blob's mtime is its last use. Eviction (under `evict.lock`) removes the
+  least recently used blobs until the cache fits `max_bytes`, skipping blobs the
+  current materialisation needs and blobs still hard-linked into a materialised
+  folder (their space is freed only when that folder is released).
+- `materialise(manifest, dest, fetch)` builds `dest` beside itself and renames it
+  into place, so `dest` is either absent or complete; its files are hard links
+  into the cache (copies across file systems), read-only, as are its folders. A
+  second materialisation of a cached artifact fetches nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import stat
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from aicluster.store.artifacts.manifest import Manifest, check_path
+
+Fetch = Callable[[str], Iterable[bytes]]  # digest -> its bytes, in chunks
+Progress = Callable[[int], None]
+
+
+class CacheCorrupt(Exception):
+    """A fetched blob did not hash to its digest; nothing was cached."""
+
+
+@dataclass(frozen=True)
+class Materialised:
+    path: Path
+    fetched_blobs: int  # downloaded by this call
+    fetched_bytes: int
+    reused_blobs: int  # already in the cache
+
+
+class BlobCache:
+    def __init__(self, root: Path, max_bytes: int):
+        self.root, self.max_bytes = Path(root), int(max_bytes)
+        for sub in ("blobs", "tmp", "locks"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    def path(self, digest: str) -> Path:
+        return self.root / "blobs" / digest[:2] / digest
+
+    def _lock(self, digest: str) -> FileLock:
+        return FileLock(str(self.root / "locks" / f"{digest[:2]}.lock"))
+
+    def has(self, digest: str) -> bool:
+        return self.path(digest).exists()
+
+    # -- one blob ---------------------------------------------------------------------
+
+    def ensure(
+        self, digest: str, fetch: Fetch, progress: Progress | None = None
+    ) -> tuple[Path, int | None]:
+        """Path of the cached blob and the bytes downloaded to get it (None: cache hit)."""
+        with self._lock(digest):
+            return self._ensure_locked(digest, fetch, progress)
+
+    def _ensure_locked(self, digest, fetch, progress) -> tuple[Path, int | None]:
+        final = self.path(digest)
+        if final.exists():
+            os.utime(final)
+            return final, None
+        tmp = self.root / "tmp" / f"{digest}.{uuid.uuid4().hex[:8]}"
+        h, n = hashlib.sha256(), 0
+        try:
+            with open(tmp, "wb") as f:
+                for chunk in fetch(digest):
+                    h.update(chunk)
+                    f.write(chunk)
+                    n += len(chunk)
+                    if progress:
+                        progress(len(chunk))
+            if h.hexdigest() != digest:
+                raise CacheCorrupt(f"blob {digest}: fetched bytes hash to {h.hexdigest()}")
+            os.chmod(tmp, 0o444)
+            final.parent.mkdir(exist_ok=True)
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return final, n
+
+    # -- folders ----------------------------------------------------------------------
+
+    def materialise(
+        self, manifest: Manifest, dest: Path, fetch: Fetch, progress: Progress | None = None
+    ) -> Materialised:
+        """A read-only folder at `dest` holding the manifest's files (see invariants)."""
+        dest = Path(dest)
+        if dest.exists():
+            _check_matches(manifest, dest)
+            return Materialised(dest, 0, 0, len(manifest.digests()))
+        sizes = {f.sha256: f.size for f in manifest.files}
+        need = sum(s for d, s in sizes.items() if not self.has(d))
+        self.evict(target_bytes=max(0, self.max_bytes - need), protect=set(sizes))
+        tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
+        tmp.mkdir(parents=True)
+        fetched = fetched_bytes = 0
+        try:
+            done: set[str] = set()
+            for f in manifest.files:
+                target = tmp / check_path(f.path)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with self._lock(f.sha256):  # held while linking: eviction cannot interleave
+                    blob, n = self._ensure_locked(f.sha256, fetch, progress)
+                    _link_or_copy(blob, target)
+                if n is not None and f.sha256 not in done:
+                    fetched, fetched_bytes = fetched + 1, fetched_bytes + n
+                done.add(f.sha256)
+            _make_read_only(tmp)
+            try:
+                tmp.rename(dest)
+            except OSError as exc:  # another process materialised it first
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                _check_matches(manifest, dest)
+                release(tmp)
+        except BaseException:
+            release(tmp)
+            raise
+        return Materialised(dest, fetched, fetched_bytes, len(done) - fetched)
+
+    # -- space ------------------------------------------------------------------------
+
+    def usage(self) -> int:
+        return sum(size for _, size, _, _ in self._scan())
+
+    def _scan(self) -> list[tuple[str, int, float, int]]:
+        """(digest, size, mtime, link count) of every cached blob."""
+        out = []
+        for sub in (self.root / "blobs").iterdir():
+            for entry in os.scandir(sub):
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:
+                    continue
+                out.append((entry.name, st.st_size, st.st_mtime, st.st_nlink))
+        return out
+
+    def evict(self, target_bytes: int | None = None, protect: set[str] = frozenset()) -> int:
+        """Remove least recently used blobs until usage <= target; returns bytes freed."""
+        target = self.max_bytes if target_bytes is None else target_bytes
+        freed = 0
+        with FileLock(str(self.root / "evict.lock")):
+            blobs = self._scan()
+            total = sum(b[1] for b in blobs)
+            for digest, size, _, nlink in sorted(blobs, key=lambda b: b[2]):
+                if total <= target:
+                    break
+                if digest in protect or nlink > 1:
+                    continue
+                try:
+                    with self._lock(digest).acquire(timeout=0):
+                        p = self.path(digest)
+                        if p.exists() and p.stat().st_nlink == 1:
+                            p.unlink()
+                            total, freed = total - size, freed + size
+                except Timeout:
+                    continue  # in use right now
+        return freed
+
+
+def release(folder: Path) -> None:
+    """Delete a materialised folder (its files stay in the cache)."""
+    folder = Path(folder)
+    if not folder.exists():
+        return
+    for dirpath, _, _ in os.walk(folder):
+        os.chmod(dirpath, 0o755)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        shutil.copyfile(src, dst)
+        os.chmod(dst, 0o444)
+
+
+def _make_read_only(root: Path) -> None:
+    for dirpath, _, _ in os.walk(root, topdown=False):
+        os.chmod(dirpath, stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP
+                 | stat.S_IROTH | stat.S_IXOTH)  # fmt: skip
+
+
+def _check_matches(manifest: Manifest, dest: Path) -> None:
+    """An existing folder must hold exactly the manifest's files, by path and size."""
+    found = {}
+    for dirpath, _, files in os.walk(dest):
+        for name in files:
+            p = Path(dirpath) / name
+            found[p.relative_to(dest).as_posix()] = p.stat().st_size
+    want = {f.path: f.size for f in manifest.files}
+    if found != want:
+        raise FileExistsError(f"{dest} exists and does not hold {manifest.team}/{manifest.name}"
+                              f":{manifest.version}")  # fmt: skip

@@ -1,0 +1,285 @@
+"""Blob storage through fsspec: a local folder, any mounted path, or S3-compatible.
+
+Layout under the root: `blobs/<first 2 hex>/<sha256>` (content-addressed, written
+once, never modified) and `tmp/` (partial local writes).
+
+Invariants:
+- A blob is visible under its digest only once all its bytes are written and
+  their sha256 equals that digest: local writes go to `tmp/` and are renamed into
+  place; object-store writes are committed only after the check (a multipart
+  upload that is never completed leaves nothing behind).
+- Every read is verified: a reader raises BlobCorrupt at the end of a blob whose
+  bytes do not hash to its name.
+- Credentials come from the environment or a credentials file at open time; they
+  are never part of StorageConfig, never stored in the database, never printed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+CHUNK = 1 << 20
+CONFIG_FILE = "artifacts.json"
+ENV_URL = "AICLUSTER_ARTIFACTS_URL"
+ENV_ENDPOINT = "AICLUSTER_S3_ENDPOINT_URL"
+ENV_REGION = "AICLUSTER_S3_REGION"
+ENV_CREDENTIALS = "AICLUSTER_S3_CREDENTIALS_FILE"
+
+
+class StorageError(Exception):
+    """The artifact storage is misconfigured or unreachable (message says which setting)."""
+
+
+class BlobCorrupt(ValueError):
+    """Bytes read or received do not hash to the blob's digest."""
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """Where blobs live. Holds no secret: `credentials_file` is a path."""
+
+    url: str
+    endpoint_url: str | None = None
+    region: str | None = None
+    credentials_file: str | None = None
+    fsync: bool = True
+
+    @property
+    def is_s3(self) -> bool:
+        return self.url.startswith("s3://")
+
+
+def load_storage_config(home: Path, env: Mapping[str, str] = os.environ) -> StorageConfig:
+    """`AICLUSTER_HOME/artifacts.json` overridden by environment variables.
+
+    Default: the local folder `AICLUSTER_HOME/artifacts`.
+    """
+    doc: dict = {}
+    path = Path(home) / CONFIG_FILE
+    if path.exists():
+        try:
+            doc = json.loads(path.read_text())
+        except ValueError as exc:
+            raise StorageError(f"{path}: not valid JSON ({exc})") from None
+        unknown = set(doc) - {"url", "endpoint_url", "region", "credentials_file", "fsync"}
+        if unknown:
+            raise StorageError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}")
+    url = env.get(ENV_URL) or doc.get("url") or str(Path(home) / "artifacts")
+    return StorageConfig(
+        url=url,
+        endpoint_url=env.get(ENV_ENDPOINT) or doc.get("endpoint_url"),
+        region=env.get(ENV_REGION) or doc.get("region"),
+        credentials_file=env.get(ENV_CREDENTIALS) or doc.get("credentials_file"),
+        fsync=bool(doc.get("fsync", True)),
+    )
+
+
+def _read_credentials(path: str) -> dict:
+    """JSON {"access_key_id", "secret_access_key"[, "session_token"]} or KEY=VALUE lines
+    with the AWS_* names. The secret never appears in an error message."""
+    try:
+        text = Path(path).expanduser().read_text()
+    except OSError as exc:
+        raise StorageError(f"credentials file {path}: {exc.strerror}") from None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = {}
+        for line in text.splitlines():
+            k, sep, v = line.strip().partition("=")
+            if sep and not k.startswith("#"):
+                doc[k.strip().lower().removeprefix("aws_")] = v.strip()
+    if not isinstance(doc, dict) or not doc.get("access_key_id") or not doc.get("secret_access_key"):
+        raise StorageError(
+            f"credentials file {path}: needs access_key_id and secret_access_key"
+        )
+    return doc
+
+
+def open_backend(cfg: StorageConfig, env: Mapping[str, str] = os.environ) -> BlobBackend:
+    if not cfg.is_s3:
+        path = cfg.url.removeprefix("file://")
+        root = Path(path).expanduser().resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        import fsspec
+
+        return BlobBackend(fsspec.filesystem("file"), str(root), local=True, fsync=cfg.fsync)
+    try:
+        import s3fs
+    except ImportError:
+        raise StorageError("s3:// artifact storage needs the s3fs package") from None
+    kw: dict = {}
+    if cfg.credentials_file:
+        creds = _read_credentials(cfg.credentials_file)
+        kw.update(key=creds["access_key_id"], secret=creds["secret_access_key"])
+        if creds.get("session_token"):
+            kw["token"] = creds["session_token"]
+    elif env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        kw.update(key=env["AWS_ACCESS_KEY_ID"], secret=env["AWS_SECRET_ACCESS_KEY"])
+    if cfg.endpoint_url:
+        kw["endpoint_url"] = cfg.endpoint_url
+    if cfg.region:
+        kw["client_kwargs"] = {"region_name": cfg.region}
+    fs = s3fs.S3FileSystem(use_listings_cache=False, **kw)
+    root = cfg.url.removeprefix("s3://").rstrip("/")
+    if not root:
+        raise StorageError(f"artifact storage url {cfg.url!r}: name a bucket (s3://BUCKET/prefix)")
+    return BlobBackend(fs, root, local=False)
+
+
+class BlobBackend:
+    """Content-addressed blobs on one fsspec filesystem under `root`."""
+
+    def __init__(self, fs, root: str, local: bool, fsync: bool = True):
+        self.fs, self.root, self.local, self.fsync = fs, root.rstrip("/"), local, fsync
+
+    def describe(self) -> str:
+        return self.root if self.local else f"s3://{self.root}"
+
+    def blob_path(self, digest: str) -> str:
+        return f"{self.root}/blobs/{digest[:2]}/{digest}"
+
+    def exists(self, digest: str) -> bool:
+        if self.local:
+            return os.path.exists(self.blob_path(digest))
+        return self.fs.exists(self.blob_path(digest))
+
+    def present(self, digests: Iterable[str]) -> set[str]:
+        wanted = set(digests)
+        if self.local or len(wanted) < 64:
+            return {d for d in wanted if self.exists(d)}
+        return wanted & set(self.list_blobs())  # one listing beats many HEADs
+
+    def size(self, digest: str) -> int | None:
+        try:
+            return int(self.fs.info(self.blob_path(digest))["size"])
+        except FileNotFoundError:
+            return None
+
+    def writer(self, digest: str) -> BlobWriter:
+        return BlobWriter(self, digest)
+
+    def write_blob(self, digest: str, chunks: Iterable[bytes]) -> int:
+        w = self.writer(digest)
+        try:
+            for chunk in chunks:
+                w.write(chunk)
+        except BaseException:
+            w.abort()
+            raise
+        return w.commit()
+
+    def iter_blob(self, digest: str, chunk: int = CHUNK) -> Iterator[bytes]:
+        """Yield the blob's bytes; BlobCorrupt at the end when they do not match."""
+        h = hashlib.sha256()
+        try:
+            f = self.fs.open(self.blob_path(digest), "rb")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"blob {digest} is missing from {self.describe()}") from None
+        with f:
+            while data := f.read(chunk):
+                h.update(data)
+                yield data
+        if h.hexdigest() != digest:
+            raise BlobCorrupt(f"blob {digest} in {self.describe()} is corrupt")
+
+    def read_bytes(self, digest: str) -> bytes:
+        return b"".join(self.iter_blob(digest))
+
+    def delete(self, digest: str) -> None:
+        try:
+            self.fs.rm_file(self.blob_path(digest))
+        except FileNotFoundError:
+            pass
+
+    def list_blobs(self) -> dict[str, tuple[int, float]]:
+        """digest -> (size, modification time) of every blob."""
+        base = f"{self.root}/blobs"
+        if not self.fs.exists(base):
+            return {}
+        out = {}
+        for path, info in self.fs.find(base, detail=True).items():
+            name = path.rsplit("/", 1)[-1]
+            if len(name) == 64:
+                out[name] = (int(info.get("size") or 0), _mtime(info))
+        return out
+
+    def clean_tmp(self, older_than_s: float) -> int:
+        """Remove partial local writes older than this (left by killed processes)."""
+        if not self.local:
+            return 0
+        tmp, n, cutoff = Path(self.root) / "tmp", 0, time.time() - older_than_s
+        for p in tmp.glob("*.part") if tmp.exists() else ():
+            try:
+                if p.stat().st_mtime < cutoff:
+                    p.unlink()
+                    n += 1
+            except FileNotFoundError:
+                pass
+        return n
+
+
+def _mtime(info: dict) -> float:
+    for key in ("mtime", "LastModified", "last_modified"):
+        v = info.get(key)
+        if v is not None:
+            return v.timestamp() if hasattr(v, "timestamp") else float(v)
+    return 0.0
+
+
+class BlobWriter:
+    """Streams one blob in, hashing as it goes; `commit()` publishes it only if the
+    digest matches (else BlobCorrupt), `abort()` leaves nothing visible."""
+
+    def __init__(self, backend: BlobBackend, digest: str):
+        self.backend, self.digest = backend, digest
+        self.hash, self.size = hashlib.sha256(), 0
+        if backend.local:
+            tmp = Path(backend.root) / "tmp"
+            tmp.mkdir(exist_ok=True)
+            self.tmp = tmp / f"{uuid.uuid4().hex}.part"
+            self.f = open(self.tmp, "wb")
+        else:
+            self.f = backend.fs.open(backend.blob_path(digest), "wb", autocommit=False)
+
+    def write(self, data: bytes) -> None:
+        self.hash.update(data)
+        self.size += len(data)
+        self.f.write(data)
+
+    def commit(self) -> int:
+        got = self.hash.hexdigest()
+        if got != self.digest:
+            self.abort()
+            raise BlobCorrupt(f"received bytes hash to {got}, not to {self.digest}")
+        if self.backend.local:
+            if self.backend.fsync:
+                self.f.flush()
+                os.fsync(self.f.fileno())
+            self.f.close()
+            final = Path(self.backend.blob_path(self.digest))
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.tmp, 0o444)
+            os.replace(self.tmp, final)
+        else:
+            self.f.close()
+            self.f.commit()
+        return self.size
+
+    def abort(self) -> None:
+        try:
+            if self.backend.local:
+                self.f.close()
+                self.tmp.unlink(missing_ok=True)
+            else:
+                self.f.close()
+                self.f.discard()
+        except Exception:  # noqa: BLE001 - best effort: nothing was published
+            pass
