@@ -102,7 +102,7 @@ def test_statuses_and_reasons_are_strings():
     assert str(Reason.NODE_LOST) == "node_lost"
 
 
-RETRYABLE = {Reason.NODE_LOST, Reason.WORKER_LOST, Reason.LAUNCH_FAILED}
+RETRYABLE = {Reason.NODE_LOST, Reason.NODE_UNHEALTHY, Reason.WORKER_LOST, Reason.LAUNCH_FAILED}
 
 
 @pytest.mark.parametrize("reason", list(Reason))

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from aicluster.control.service import BadRequest, ForbiddenError, NotFoundError, Services
 from aicluster.control.snapshot import allocations, job_workload
@@ -23,6 +23,11 @@ class SubmitBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     spec: dict
     workdir: str | None = None
+
+
+class NodeActionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    grace_s: float = Field(default=300.0, ge=0)
 
 
 class TeamBody(BaseModel):
@@ -128,12 +133,26 @@ def create_app(services: Services, routers=()) -> FastAPI:
     def nodes(who: Principal = Depends(principal)):
         active = services.store.list_jobs(statuses=[JobStatus.ADMITTED, JobStatus.RUNNING])
         used = allocations([job_workload(j) for j in active] + services.other_workloads())
+        states = services.node_states()
         out = []
         for n in services.engine.nodes():
             d = asdict(n)
             d["allocated"] = asdict(used.get(n.node_id, Res()))
+            rec = states.get(n.node_id)
+            d["state"] = rec.state.value if rec else ("Ready" if n.alive else "Down")
+            d["reason"] = rec.reason if rec else None
+            d["checks"] = rec.checks if rec else []
             out.append(d)
         return {"nodes": out}
+
+    @app.post("/v1/nodes/{node}/{action}")
+    def node_action(node: str, action: str, body: NodeActionBody | None = None,
+                    who: Principal = Depends(principal)):  # fmt: skip
+        if action not in ("cordon", "drain", "uncordon"):
+            raise NotFoundError(f"unknown node action {action!r}: cordon, drain or uncordon")
+        grace = body.grace_s if body else 300.0
+        rec = services.node_action(who, node, action, grace)
+        return {"node_id": rec.node_id, "state": rec.state.value, "reason": rec.reason}
 
     @app.get("/v1/events")
     def events(

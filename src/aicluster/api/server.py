@@ -33,6 +33,21 @@ def bootstrap_admin(store, home: Path) -> None:
         f.write(token + "\n")
 
 
+def _health_commands(home: Path) -> dict[str, str]:
+    """Admin check commands: AICLUSTER_HOME/health-checks.json, {"name": "shell command"};
+    a command that exits non-zero marks its node Degraded."""
+    path = home / "health-checks.json"
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as exc:
+        raise SystemExit(f"{path}: invalid JSON: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise SystemExit(f'{path}: expected {{"name": "shell command", ...}}')
+    return data
+
+
 class ControlPlane:
     """Wires store, engine, controller and API; `serve()` blocks until shutdown."""
 
@@ -42,6 +57,10 @@ class ControlPlane:
         from aicluster.api.services_routes import services_router
         from aicluster.api.metrics_routes import metrics_router
         from aicluster.control.endpoints import EndpointTable
+        from aicluster.control.nodes_loop import NodeLoop
+        from aicluster.engine.health import HealthAgents
+        from aicluster.engine.ray_engine import NAMESPACE
+        from aicluster.store.nodes import NodeStore
         from aicluster.control.metrics import Metrics, StateCollector
         from aicluster.control.service_ops import ServiceOps
         from aicluster.control.services_loop import ServiceLoop
@@ -63,8 +82,10 @@ class ControlPlane:
         self.wakeup = threading.Event()
         wake = self.wakeup.set
         self.metrics = Metrics()
+        self.node_loop = NodeLoop(NodeStore(self.store), HealthAgents(NAMESPACE),
+                                  commands=_health_commands(home))  # fmt: skip
         self.controller = Controller(self.store, self.engine, logs, workdirs, home, notify=wake,
-                                     metrics=self.metrics)  # fmt: skip
+                                     metrics=self.metrics, node_loop=self.node_loop)  # fmt: skip
         table = EndpointTable()
         service_store = ServiceStore(self.store)
         self.services = ServiceLoop(service_store, self.engine, logs, table, notify=wake)
@@ -79,7 +100,7 @@ class ControlPlane:
         self.artifacts = ArtifactService(ArtifactStore.open(self.store, home))
         self.app = create_app(
             Services(self.store, self.engine, logs, workdirs, notify=wake,
-                     other_workloads=self.services.active_workloads),
+                     other_workloads=self.services.active_workloads, node_loop=self.node_loop),
             routers=[lambda p: services_router(ops, p), lambda _p: self.gateway.router(),
                      lambda p: artifact_router(self.artifacts, p),
                      lambda p: metrics_router(self.metrics, p)],
@@ -99,6 +120,7 @@ class ControlPlane:
 
         loop = threading.Thread(target=self._loop, name="reconcile", daemon=True)
         loop.start()
+        self.node_loop.start()
         config = uvicorn.Config(
             self.app, host=self.host, port=self.port, log_level="warning", access_log=False
         )
@@ -107,6 +129,7 @@ class ControlPlane:
         finally:
             self.stopping.set()
             self.wakeup.set()
+            self.node_loop.stop()
             loop.join(timeout=30)
             self.controller.close()
             self.store.close()

@@ -256,7 +256,9 @@ def _node_name(node: dict) -> str:
 NODE_COLUMNS: list[out.Column] = [
     ("NODE", _node_name),
     ("POOL", "pool"),
-    ("ALIVE", lambda n: Text("yes", style="green") if n.get("alive") else Text("no", style="red")),
+    ("STATE", lambda n: Text(str(n.get("state") or "-"),
+                             style="green" if n.get("state") == "Ready" else "yellow")),
+    ("REASON", lambda n: out.shorten(n.get("reason"), 40) or "-"),
     ("CPUS", lambda n: out.used_total(n, "cpus")),
     ("MEMORY", lambda n: out.used_total(n, "memory", out.fmt_bytes)),
     ("GPUS", lambda n: out.used_total(n, "gpus")),

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from aicluster.cli import artifacts_cmds, jobs_cmds, plan_cmds, platform_cmds, services_cmds
+from aicluster.cli import (
+    artifacts_cmds, jobs_cmds, nodes_cmds, plan_cmds, platform_cmds, services_cmds,
+)
 
 app = typer.Typer(
     name="aicluster",
@@ -15,6 +17,7 @@ app = typer.Typer(
 )
 platform_cmds.register(app)
 jobs_cmds.register(app)
+nodes_cmds.register(app)
 artifacts_cmds.register(app)
 services_cmds.register(app)
 plan_cmds.register(app)

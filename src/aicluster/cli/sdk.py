@@ -390,3 +390,9 @@ class Client:
 
 def _team(team: str | None) -> dict:
     return {"team": team} if team else {}
+
+
+def node_action(client: Client, node: str, action: str, grace_s: float | None = None) -> dict:
+    """cordon | drain | uncordon a node (admins); `node` is an id prefix or a name."""
+    body = {"grace_s": grace_s} if grace_s is not None else None
+    return client._json("POST", f"/v1/nodes/{node}/{action}", json=body)

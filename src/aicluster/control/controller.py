@@ -24,6 +24,7 @@ from aicluster.control.snapshot import build_snapshot, job_workload
 from aicluster.core.fifo import plan_cycle
 from aicluster.core.lifecycle import JobStatus, Reason, failure_is_retryable
 from aicluster.core.model import Admit, Wait
+from aicluster.core.nodestate import NodeState
 from aicluster.engine.protocol import Engine, LaunchError, LaunchRequest, NodeInfo
 from aicluster.spec.job import JobSpec
 from aicluster.store.db import JobRecord, Store
@@ -40,10 +41,13 @@ class Controller:
     def __init__(
         self, store: Store, engine: Engine, logs: LogStore, workdirs: Path, home: Path,
         clock=time.time, launch_threads: int = 4, notify=lambda: None, metrics=None,
+        node_loop=None,
     ):  # fmt: skip
         self.store, self.engine, self.logs = store, engine, logs
         self.notify = notify
         self.metrics = metrics  # control.metrics.Metrics, or None
+        self.node_loop = node_loop  # control.nodes_loop.NodeLoop, or None (all nodes Ready)
+        self.node_states: dict = {}  # node id -> NodeRecord, as of this tick
         self.workdirs, self.home, self.clock = workdirs, home, clock
         self.launching: dict[str, Future] = {}
         self.pool = ThreadPoolExecutor(launch_threads, thread_name_prefix="launch")
@@ -70,9 +74,12 @@ class Controller:
     def _tick(self) -> None:
         self.nodes = self.engine.nodes()
         self._track_nodes(self.nodes)
+        if self.node_loop is not None:
+            self.node_states = self.node_loop.reconcile(self.nodes)
+        draining = self._nodes_in(NodeState.DRAINING)
         for source in self.sources:
             try:
-                source.reconcile(self.nodes, self.alive or set())
+                source.reconcile(self.nodes, self.alive or set(), draining)
             except Exception:  # noqa: BLE001 - one bad source must not stop the loop
                 log.exception("reconciling %s", type(source).__name__)
         for job in self.store.list_jobs(statuses=ACTIVE):
@@ -81,6 +88,8 @@ class Controller:
             except Exception:  # noqa: BLE001 - one bad job must not stop the loop
                 log.exception("reconciling %s", job.id)
         self._admit()
+        if draining:
+            self._drain(draining)
         if self.clock() - self.last_gc >= GC_EVERY_S:
             self.last_gc = self.clock()
             self.collect_garbage()
@@ -96,6 +105,32 @@ class Controller:
             for nid in sorted(self.alive - alive):
                 self.store.add_event("node", nid, None, "NodeLost", message="node is dead")
         self.alive = alive
+
+    def _nodes_in(self, *states: NodeState) -> frozenset[str]:
+        return frozenset(n for n, rec in self.node_states.items() if rec.state in states)
+
+    def _drain(self, draining: frozenset[str]) -> None:
+        """Past the grace period, stop and requeue the jobs still on draining nodes;
+        a draining node with nothing of aicluster left on it becomes Cordoned."""
+        busy: set[str] = set()
+        for job in self.store.list_jobs(statuses=ACTIVE):
+            on = draining & set(job.placement or [])
+            if not on:
+                continue
+            deadline = max(self.node_states[n].drain_deadline or 0 for n in on)
+            if self.clock() < deadline:
+                busy |= on
+                continue
+            self.engine.stop(job.id, job.attempt, len(job.placement or []))
+            self.pull_logs(job)
+            self.store.transition(
+                job.id, job.status, JobStatus.PENDING, Reason.REQUEUED,
+                f"{Reason.NODE_DRAINED}: node {sorted(on)[0][:8]} drained", placement=None,
+            )  # fmt: skip
+        for source in self.sources:
+            busy |= {v.placement[0] for v in source.active_workloads() if v.placement}
+        for node_id in draining - busy:
+            self.node_loop.nodes.set_state(node_id, NodeState.CORDONED, "drained")
 
     # -- active jobs ------------------------------------------------------------------
 
@@ -138,8 +173,11 @@ class Controller:
             if not dead and self.clock() - first < NODE_DEATH_GRACE_S:
                 return  # is its node dying? decide once Ray knows
             self.lost_since.pop(job.id, None)
-            reason = Reason.NODE_LOST if dead else Reason.WORKER_LOST
-            where = f"node {dead[0][:8]} died" if dead else "worker process vanished"
+            unhealthy = self._nodes_in(NodeState.DEGRADED) & set(job.placement or [])
+            reason = (Reason.NODE_LOST if dead else
+                      Reason.NODE_UNHEALTHY if unhealthy else Reason.WORKER_LOST)  # fmt: skip
+            where = f"node {dead[0][:8]} died" if dead else (
+                "its node failed health checks" if unhealthy else "worker process vanished")
             self._end_attempt(job, reason, f"rank {lost[0].rank}: {where}")
         elif failed:
             first = failed[0]
@@ -192,7 +230,9 @@ class Controller:
             active_views += source.active_workloads()
         if not pending_views:
             return
-        snapshot = build_snapshot(self.nodes, pending_views, active_views)
+        blocked = self._nodes_in(NodeState.CORDONED, NodeState.DRAINING, NodeState.DEGRADED,
+                                 NodeState.DOWN)  # fmt: skip
+        snapshot = build_snapshot(self.nodes, pending_views, active_views, blocked)
         by_id = {j.id: j for j in pending}
         for decision in plan_cycle(snapshot):
             job = by_id.get(decision.workload_id)
@@ -263,7 +303,7 @@ class Controller:
 class WorkloadSource(Protocol):
     """A kind of workload besides jobs that the controller schedules in the same cycle."""
 
-    def reconcile(self, nodes: list[NodeInfo], alive: set[str]) -> None: ...
+    def reconcile(self, nodes: list[NodeInfo], alive: set[str], draining: frozenset[str]) -> None: ...
 
     def pending_workloads(self) -> list: ...
 

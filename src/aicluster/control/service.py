@@ -47,6 +47,34 @@ class Services:
     notify: Callable[[], None] = field(default=lambda: None)  # wakes the reconcile loop
     # Admitted workloads that are not jobs (service replicas), for node allocation views.
     other_workloads: Callable[[], list] = field(default=lambda: [])
+    node_loop: object | None = None  # control.nodes_loop.NodeLoop: states, cordon, drain
+
+    # -- nodes ---------------------------------------------------------------------
+
+    def node_states(self) -> dict:
+        return self.node_loop.nodes.all() if self.node_loop is not None else {}
+
+    def node_action(self, who: Principal, node: str, action: str, grace_s: float = 300.0):
+        _admin_only(who)
+        if self.node_loop is None:
+            raise BadRequest("node states are not managed by this control plane")
+        node_id = self._resolve_node(node)
+        if action == "cordon":
+            rec = self.node_loop.cordon(node_id, who.user)
+        elif action == "drain":
+            rec = self.node_loop.drain(node_id, who.user, grace_s)
+        else:
+            rec = self.node_loop.uncordon(node_id, who.user)
+        self.notify()
+        return rec
+
+    def _resolve_node(self, node: str) -> str:
+        states = self.node_states()
+        matches = [n for n, rec in states.items() if n.startswith(node) or rec.name == node]
+        if len(matches) != 1:
+            what = "no node" if not matches else f"{len(matches)} nodes"
+            raise NotFoundError(f"{what} match {node!r}; use a longer node id prefix")
+        return matches[0]
 
     # -- jobs ----------------------------------------------------------------------
 

@@ -61,13 +61,15 @@ class ServiceLoop:
         self.launching: dict[str, Future] = {}
         self.waiting: dict[str, str] = {}  # replica id -> why the scheduler keeps it waiting
         self.alive: set[str] = set()
+        self.draining: frozenset[str] = frozenset()  # replicas there move elsewhere
         self.starting_since: dict[str, float] = {}  # replica id -> when it got its node
         self.scaler = Scaler()
 
     # -- WorkloadSource ---------------------------------------------------------------
 
-    def reconcile(self, nodes: list[NodeInfo], alive: set[str]) -> None:
-        self.alive = alive
+    def reconcile(self, nodes: list[NodeInfo], alive: set[str],
+                  draining: frozenset[str] = frozenset()) -> None:  # fmt: skip
+        self.alive, self.draining = alive, draining
         published: dict[tuple[str, str], ServiceEndpoints] = {}
         for svc in self.services.list():
             live = self.services.replicas(svc.seq)
@@ -206,16 +208,24 @@ class ServiceLoop:
         self.services.transition(rep.id, rep.status, RS.STOPPED, reason)
 
     def _scale(self, svc: ServiceRecord, live: list[ReplicaRecord]) -> list[ReplicaRecord]:
-        want = self.scaler.desired(svc, live, self.table.demand(svc.team, svc.name), self.clock())
-        while len(live) < want:
-            live.append(self.services.add_replica(svc))
-        if len(live) > want:
+        moving = [r for r in live if r.node_id in self.draining]
+        staying = [r for r in live if r not in moving]
+        want = self.scaler.desired(svc, staying, self.table.demand(svc.team, svc.name), self.clock())
+        while len(staying) < want:  # replacements first ...
+            staying.append(self.services.add_replica(svc))
+        ready = sum(1 for r in staying if r.status == RS.READY)
+        if moving and ready >= want:  # ... then the replicas on draining nodes go
+            for rep in moving:
+                self._stop(rep, RR.NODE_DRAINED)
+            moving = []
+        if len(staying) > want:
             order = {RS.PENDING: 0, RS.STARTING: 1, RS.READY: 2}
-            extra = sorted(live, key=lambda r: (order[r.status], -r.created_at))[: len(live) - want]
+            extra = sorted(staying, key=lambda r: (order[r.status], -r.created_at))
+            extra = extra[: len(staying) - want]
             for rep in extra:
                 self._stop(rep, RR.SCALED_DOWN)
-            live = [r for r in live if r not in extra]
-        return live
+            staying = [r for r in staying if r not in extra]
+        return staying + moving
 
     def _delete(self, svc: ServiceRecord, live: list[ReplicaRecord]) -> None:
         for rep in live:

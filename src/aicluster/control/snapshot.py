@@ -55,8 +55,10 @@ def allocations(active: list[WorkloadView]) -> dict[str, Res]:
 
 
 def build_snapshot(
-    nodes: list[NodeInfo], pending: list[WorkloadView], active: list[WorkloadView]
+    nodes: list[NodeInfo], pending: list[WorkloadView], active: list[WorkloadView],
+    unschedulable: frozenset[str] = frozenset(),
 ) -> Snapshot:
+    """`unschedulable`: nodes that take no new work (cordoned, draining, degraded)."""
     used = allocations(active)
     views = tuple(
         NodeView(
@@ -67,6 +69,7 @@ def build_snapshot(
             pool=n.pool,
             gpu_model=n.gpu_model,
             labels=tuple(sorted(n.labels.items())),
+            schedulable=n.node_id not in unschedulable,
         )
         for n in nodes
         if n.alive

@@ -34,6 +34,8 @@ class Reason(StrEnum):
     EXIT_CODE = "exit_code"  # a worker's command exited non-zero
     COMPLETED = "completed"  # every worker exited 0
     NODE_LOST = "node_lost"  # a node running a worker died
+    NODE_UNHEALTHY = "node_unhealthy"  # a worker died on a node its health checks failed
+    NODE_DRAINED = "node_drained"  # stopped at the end of its node's drain grace period
     LAUNCH_FAILED = "launch_failed"  # the engine could not start the gang
     WORKER_LOST = "worker_lost"  # a worker process vanished while the node lives
     CANCELLED_BY_USER = "cancelled_by_user"
@@ -74,4 +76,6 @@ def check_transition(src: JobStatus, dst: JobStatus) -> None:
 
 def failure_is_retryable(reason: Reason) -> bool:
     """Infrastructure failures are retried within max_restarts; user errors are not."""
-    return reason in {Reason.NODE_LOST, Reason.WORKER_LOST, Reason.LAUNCH_FAILED}
+    return reason in {
+        Reason.NODE_LOST, Reason.NODE_UNHEALTHY, Reason.WORKER_LOST, Reason.LAUNCH_FAILED,
+    }  # fmt: skip

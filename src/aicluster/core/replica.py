@@ -30,6 +30,7 @@ class ReplicaReason(StrEnum):
     PLACED = "placed"
     HEALTHY = "healthy"
     SCALED_DOWN = "scaled_down"
+    NODE_DRAINED = "node_drained"
     DELETED = "deleted"
     LAUNCH_FAILED = "launch_failed"
     NOT_READY_IN_TIME = "not_ready_in_time"

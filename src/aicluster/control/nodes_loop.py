@@ -1,0 +1,105 @@
+"""Node states: follow Ray membership and health reports; carry out drains.
+
+Health agents are polled on a thread of their own (a slow agent must not stall
+scheduling); `reconcile()` runs in the controller's tick with the latest reports.
+A draining node's jobs run until the grace period ends and are then stopped and
+requeued (without spending a restart); its service replicas are replaced
+elsewhere first (see services_loop); once nothing of aicluster runs there, the
+node becomes Cordoned.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import asdict
+
+from aicluster.core.health import HealthReport
+from aicluster.core.nodestate import NodeState, next_state
+from aicluster.engine.protocol import NodeInfo
+from aicluster.store.nodes import NodeRecord, NodeStore
+
+log = logging.getLogger(__name__)
+
+
+class NodeLoop:
+    def __init__(self, nodes: NodeStore, agents=None, clock=time.time, check_every_s: float = 5.0,
+                 commands: dict[str, str] | None = None):  # fmt: skip
+        self.nodes, self.agents, self.clock = nodes, agents, clock
+        self.check_every_s = check_every_s
+        self.commands = dict(commands or {})
+        self.reports: dict[str, HealthReport | None] = {}
+        self._infos: list[NodeInfo] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- health polling thread -------------------------------------------------------
+
+    def start(self) -> None:
+        if self.agents is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._poll_forever, name="health", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _poll_forever(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                infos = list(self._infos)
+            if infos:
+                try:
+                    self.poll_once(infos)
+                except Exception:  # noqa: BLE001 - the next round retries
+                    log.exception("health poll failed")
+            self._stop.wait(self.check_every_s)
+
+    def poll_once(self, infos: list[NodeInfo]) -> None:
+        self.agents.ensure(infos)
+        reports = self.agents.reports(infos, self.commands)
+        for node_id, rep in reports.items():
+            if rep is not None:
+                self.nodes.record_checks(node_id, [asdict(c) for c in rep.checks])
+        with self._lock:
+            self.reports.update({k: v for k, v in reports.items() if v is not None})
+
+    # -- the tick ----------------------------------------------------------------------
+
+    def reconcile(self, infos: list[NodeInfo]) -> dict[str, NodeRecord]:
+        with self._lock:
+            self._infos = list(infos)
+            reports = dict(self.reports)
+        records = self.nodes.all()
+        for info in infos:
+            rec = records.get(info.node_id) or self.nodes.observe(
+                info.node_id, info.name, NodeState.READY if info.alive else NodeState.DOWN
+            )
+            report = reports.get(info.node_id)
+            healthy = report is None or report.healthy
+            want = next_state(rec.state, info.alive, healthy)
+            reason = rec.reason
+            if want == NodeState.DOWN:
+                reason = "Ray reports the node dead"
+            elif want == NodeState.DEGRADED:
+                reason = report.reason if report else reason
+            elif want == NodeState.READY:
+                reason = None
+            if want != rec.state or reason != rec.reason:
+                rec = self.nodes.set_state(info.node_id, want, reason) or rec
+            records[info.node_id] = rec
+        return records
+
+    # -- admin actions --------------------------------------------------------------------
+
+    def cordon(self, node_id: str, actor: str) -> NodeRecord | None:
+        return self.nodes.set_state(node_id, NodeState.CORDONED, f"cordoned by {actor}", actor)
+
+    def drain(self, node_id: str, actor: str, grace_s: float) -> NodeRecord | None:
+        deadline = self.clock() + grace_s
+        return self.nodes.set_state(node_id, NodeState.DRAINING,
+                                    f"drained by {actor}, grace {grace_s:g} s", actor, deadline)  # fmt: skip
+
+    def uncordon(self, node_id: str, actor: str) -> NodeRecord | None:
+        return self.nodes.set_state(node_id, NodeState.READY, None, actor)
