@@ -86,6 +86,8 @@ def test_drain_moves_replicas_then_requeues_jobs(control_plane, admin):
                         and j["status"] == "RUNNING" and j, timeout=60, what="requeue")  # fmt: skip
     assert requeued["placement"] == [other["node_id"]] and requeued["restarts"] == 0
     assert any((e["message"] or "").startswith("node_drained") for e in requeued["events"])
+    started = [e for e in requeued["events"] if e["to_status"] == "RUNNING"]
+    assert started[-1]["message"].startswith("recovered ") and "after node_drained" in started[-1]["message"]
     wait_for(lambda: next(n for n in admin.nodes() if n["node_id"] == target["node_id"])["state"]
              == "Cordoned", timeout=30, what="the drained node to be cordoned")  # fmt: skip
     node_action(admin, target["node_id"][:12], "uncordon")

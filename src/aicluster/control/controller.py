@@ -148,20 +148,34 @@ class Controller:
             del self.launching[job.id]
             exc = fut.exception()
             if exc is None:
-                self.store.transition(job.id, JobStatus.ADMITTED, JobStatus.RUNNING, Reason.STARTED)
+                self._running(job)
             else:
                 self._end_attempt(job, Reason.LAUNCH_FAILED, str(exc))
             return
         # Admitted by an earlier control plane that died mid-launch: adopt or redo.
         states = self.engine.status(job.id, job.attempt, [0] * len(job.placement or []))
         if states and all(s.started and not s.lost for s in states):
-            self.store.transition(job.id, JobStatus.ADMITTED, JobStatus.RUNNING, Reason.STARTED)
+            self._running(job)
         else:
             self.engine.stop(job.id, job.attempt, len(job.placement or []))
             self.store.transition(
                 job.id, JobStatus.ADMITTED, JobStatus.PENDING, Reason.REQUEUED,
                 "control plane restarted during launch", placement=None,
             )  # fmt: skip
+
+    def _running(self, job: JobRecord) -> None:
+        """ADMITTED -> RUNNING; after a requeue, say (and measure) how long recovery took."""
+        message = None
+        if job.attempt > 1:
+            requeues = [e for e in self.store.list_events(object_id=job.id)
+                        if e.reason == Reason.REQUEUED.value]  # fmt: skip
+            if requeues:
+                took = self.clock() - requeues[-1].ts
+                cause = (requeues[-1].message or "").split(":", 1)[0]
+                message = f"recovered {took:.1f} s after {cause}"
+                if self.metrics is not None:
+                    self.metrics.recovery_seconds.labels(cause).observe(took)
+        self.store.transition(job.id, JobStatus.ADMITTED, JobStatus.RUNNING, Reason.STARTED, message)
 
     def _reconcile_running(self, job: JobRecord) -> None:
         states = self.pull_logs(job)

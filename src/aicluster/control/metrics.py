@@ -29,6 +29,11 @@ class Metrics:
             "aicluster_scheduler_cycle_seconds", "Duration of one reconcile/scheduling tick",
             registry=r, buckets=LATENCY_BUCKETS,
         )  # fmt: skip
+        self.recovery_seconds = Histogram(
+            "aicluster_job_recovery_seconds",
+            "From a job's requeue (node lost, drained, ...) to running again",
+            ["cause"], registry=r, buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
         self.gateway_requests = PromCounter(
             "aicluster_gateway_requests", "Gateway requests by service, replica and outcome",
             ["team", "service", "replica", "code"], registry=r,
