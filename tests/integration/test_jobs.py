@@ -133,7 +133,7 @@ def test_gpu_model_is_honoured(admin):
     assert ok["status"] == "SUCCEEDED"
     h100 = admin.submit({**job_spec("h100", "true"), "resources": {"gpus": 1, "gpu_model": "H100"}}, None)
     j = wait_for(lambda: (x := admin.job(h100["id"]))["message"] and x, what="wait reason")
-    assert "no node has GPU model H100" in j["message"]
+    assert "GPU model H100" in j["message"] and "could never fit" in j["message"]
     admin.cancel(h100["id"])
 
 

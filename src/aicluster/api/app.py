@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from aicluster.control.service import BadRequest, ForbiddenError, NotFoundError, Services
 from aicluster.control.snapshot import allocations, job_workload
 from aicluster.core.lifecycle import JobStatus
-from aicluster.core.model import Res
+from aicluster.core.model import Quota, Res
 from aicluster.spec.errors import SpecError
 from aicluster.store.db import Conflict, JobRecord, NotFound, Principal
 
@@ -28,6 +28,17 @@ class SubmitBody(BaseModel):
 class NodeActionBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     grace_s: float = Field(default=300.0, ge=0)
+
+
+class QuotaBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gpus: int = Field(ge=0)
+    borrow_gpus: int | None = Field(default=None, ge=0)
+    lend_gpus: int | None = Field(default=None, ge=0)
+    cpus: float | None = Field(default=None, ge=0)
+    memory: int | None = Field(default=None, ge=0)
+    weight: float = Field(default=1.0, gt=0)
+    cohort: str = "default"
 
 
 class TeamBody(BaseModel):
@@ -171,6 +182,19 @@ def create_app(services: Services, routers=()) -> FastAPI:
     def create_team(body: TeamBody, who: Principal = Depends(principal)):
         services.create_team(who, body.name)
         return {"name": body.name}
+
+    @app.put("/v1/teams/{team}/quotas/{pool}")
+    def set_quota(team: str, pool: str, body: QuotaBody, who: Principal = Depends(principal)):
+        q = services.set_quota(who, Quota(team=team, pool=pool, **body.model_dump()))
+        return asdict(q)
+
+    @app.get("/v1/quotas")
+    def quotas(who: Principal = Depends(principal)):
+        return {"quotas": [asdict(q) for q in services.list_quotas(who)]}
+
+    @app.get("/v1/queue")
+    def queue(who: Principal = Depends(principal)):
+        return {"queue": services.pending_queue(who)}
 
     @app.post("/v1/tokens", status_code=201)
     def create_token(body: TokenBody, who: Principal = Depends(principal)):

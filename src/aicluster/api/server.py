@@ -51,7 +51,8 @@ def _health_commands(home: Path) -> dict[str, str]:
 class ControlPlane:
     """Wires store, engine, controller and API; `serve()` blocks until shutdown."""
 
-    def __init__(self, home: Path, ray_address: str, host: str, port: int, tick_s: float = 0.2):
+    def __init__(self, home: Path, ray_address: str, host: str, port: int, tick_s: float = 0.2,
+                 policy: str = "fair"):  # fmt: skip
         apply_ray_env(home, loopback=ray_address.startswith("127."))
         from aicluster.api.app import create_app
         from aicluster.api.services_routes import services_router
@@ -61,6 +62,7 @@ class ControlPlane:
         from aicluster.engine.health import HealthAgents
         from aicluster.engine.ray_engine import NAMESPACE
         from aicluster.store.nodes import NodeStore
+        from aicluster.store.quotas import QuotaStore
         from aicluster.control.metrics import Metrics, StateCollector
         from aicluster.control.service_ops import ServiceOps
         from aicluster.control.services_loop import ServiceLoop
@@ -84,8 +86,10 @@ class ControlPlane:
         self.metrics = Metrics()
         self.node_loop = NodeLoop(NodeStore(self.store), HealthAgents(NAMESPACE),
                                   commands=_health_commands(home))  # fmt: skip
+        quotas = QuotaStore(self.store)
         self.controller = Controller(self.store, self.engine, logs, workdirs, home, notify=wake,
-                                     metrics=self.metrics, node_loop=self.node_loop)  # fmt: skip
+                                     metrics=self.metrics, node_loop=self.node_loop,
+                                     policy=policy, quotas=quotas)  # fmt: skip
         table = EndpointTable()
         service_store = ServiceStore(self.store)
         self.services = ServiceLoop(service_store, self.engine, logs, table, notify=wake)
@@ -100,7 +104,8 @@ class ControlPlane:
         self.artifacts = ArtifactService(ArtifactStore.open(self.store, home))
         self.app = create_app(
             Services(self.store, self.engine, logs, workdirs, notify=wake,
-                     other_workloads=self.services.active_workloads, node_loop=self.node_loop),
+                     other_workloads=self.services.active_workloads, node_loop=self.node_loop,
+                     quotas=quotas, queue=lambda: self.controller.queue),
             routers=[lambda p: services_router(ops, p), lambda _p: self.gateway.router(),
                      lambda p: artifact_router(self.artifacts, p),
                      lambda p: metrics_router(self.metrics, p)],
@@ -141,10 +146,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ray-address", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--policy", default="fair", choices=["fair", "fifo", "backfill"])
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     home = Path(args.home)
-    cp = ControlPlane(home, args.ray_address, args.host, args.port)
+    cp = ControlPlane(home, args.ray_address, args.host, args.port, policy=args.policy)
     (home / "controlplane.json").write_text(
         json.dumps({"pid": os.getpid(), "url": f"http://{args.host}:{args.port}"})
     )

@@ -393,6 +393,9 @@ def register(app: typer.Typer) -> None:
     teams_app = typer.Typer(help="Create and list teams.", no_args_is_help=True)
     teams_app.command("create")(team_create)
     teams_app.command("list")(team_list)
+    from aicluster.cli import queue_cmds
+
+    queue_cmds.register(app, teams_app)
     app.add_typer(teams_app, name="teams")
     tokens_app = typer.Typer(help="Create API tokens.", no_args_is_help=True)
     tokens_app.command("create")(token_create)

@@ -57,12 +57,14 @@ def _pid_alive(pid: int | None) -> bool:
     return bool(pid) and psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
 
 
-def _start_control_plane(home: Path, ray_address: str, host: str, port: int) -> str:
+def _start_control_plane(home: Path, ray_address: str, host: str, port: int,
+                         policy: str = "fair") -> str:  # fmt: skip
     url = f"http://{host}:{port}"
     env = dict(os.environ)
     env.update(ray_env(home, ray_address.startswith("127.")))
     cmd = [sys.executable, "-m", "aicluster.api.server", "--home", str(home),
-           "--ray-address", ray_address, "--host", host, "--port", str(port)]  # fmt: skip
+           "--ray-address", ray_address, "--host", host, "--port", str(port),
+           "--policy", policy]  # fmt: skip
     log = open(home / "controlplane.log", "ab")
     proc = subprocess.Popen(
         cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -91,8 +93,12 @@ def up(
     num_gpus: Annotated[Optional[int], typer.Option(help="GPUs this node offers")] = None,
     pool: Annotated[str, typer.Option(help="pool of this node")] = "default",
     label: Annotated[Optional[list[str]], typer.Option(help="node label key=value")] = None,
+    policy: Annotated[str, typer.Option(help="scheduling policy: fair, fifo or backfill")] = "fair",
 ) -> None:
     """Start Ray and the control plane on this machine (state in AICLUSTER_HOME)."""
+    if policy not in ("fair", "fifo", "backfill"):
+        err.print(f"[red]--policy must be fair, fifo or backfill, not {policy!r}[/red]")
+        raise typer.Exit(2)
     from aicluster.engine.protocol import POOL_LABEL
     from aicluster.engine.raynode import RayStartError, start_head
 
@@ -116,7 +122,7 @@ def up(
             err.print(f"[red]{exc}[/red]")
             raise typer.Exit(1) from None
         _write_json(home / "platform.json", {"role": "head", "ray_address": ray_address, "head": head})
-    url = _start_control_plane(home, ray_address, api_host, api_port)
+    url = _start_control_plane(home, ray_address, api_host, api_port, policy)
     _write_json(home / "client.json", {"url": url})
     out.print(f"aicluster is up.\n  API:         {url}  (OpenAPI docs at {url}/docs)")
     out.print(f"  admin token: {home / 'admin.token'}  (export AICLUSTER_TOKEN=$(cat {home / 'admin.token'}))")

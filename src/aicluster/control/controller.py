@@ -21,9 +21,9 @@ from typing import Protocol
 
 from aicluster.control.logs import LogStore
 from aicluster.control.snapshot import build_snapshot, job_workload
-from aicluster.core.fifo import plan_cycle
+from aicluster.core.scheduler import DEFAULT_POLICY, plan_cycle
 from aicluster.core.lifecycle import JobStatus, Reason, failure_is_retryable
-from aicluster.core.model import Admit, Wait
+from aicluster.core.model import Admit, Preempt, Wait
 from aicluster.core.nodestate import NodeState
 from aicluster.engine.protocol import Engine, LaunchError, LaunchRequest, NodeInfo
 from aicluster.spec.job import JobSpec
@@ -41,13 +41,16 @@ class Controller:
     def __init__(
         self, store: Store, engine: Engine, logs: LogStore, workdirs: Path, home: Path,
         clock=time.time, launch_threads: int = 4, notify=lambda: None, metrics=None,
-        node_loop=None,
+        node_loop=None, policy: str = DEFAULT_POLICY, quotas=None,
     ):  # fmt: skip
         self.store, self.engine, self.logs = store, engine, logs
         self.notify = notify
         self.metrics = metrics  # control.metrics.Metrics, or None
         self.node_loop = node_loop  # control.nodes_loop.NodeLoop, or None (all nodes Ready)
         self.node_states: dict = {}  # node id -> NodeRecord, as of this tick
+        self.policy = policy
+        self.quotas = quotas  # store.quotas.QuotaStore, or None (no quotas)
+        self.queue: list[tuple[str, str]] = []  # last cycle: (workload id, why it waits)
         self.workdirs, self.home, self.clock = workdirs, home, clock
         self.launching: dict[str, Future] = {}
         self.pool = ThreadPoolExecutor(launch_threads, thread_name_prefix="launch")
@@ -244,19 +247,46 @@ class Controller:
             active_views += source.active_workloads()
         if not pending_views:
             return
+        if self.node_loop is not None:  # an admin may have cordoned a node since the tick began
+            self.node_states = self.node_loop.nodes.all()
         blocked = self._nodes_in(NodeState.CORDONED, NodeState.DRAINING, NodeState.DEGRADED,
                                  NodeState.DOWN)  # fmt: skip
-        snapshot = build_snapshot(self.nodes, pending_views, active_views, blocked)
+        quotas = tuple(self.quotas.all()) if self.quotas is not None else ()
+        snapshot = build_snapshot(self.nodes, pending_views, active_views, blocked, quotas)
         by_id = {j.id: j for j in pending}
-        for decision in plan_cycle(snapshot):
+        queue = []
+        for decision in plan_cycle(snapshot, self.clock(), self.policy):
+            if isinstance(decision, Wait):
+                queue.append((decision.workload_id, decision.reason))
             job = by_id.get(decision.workload_id)
-            if job is None:
+            if isinstance(decision, Preempt):
+                self._preempt(decision)
+            elif job is None:
                 for source in self.sources:
                     source.apply(decision)
             elif isinstance(decision, Admit):
                 self._launch(job, decision)
             elif isinstance(decision, Wait):
                 self._wait(job, decision)
+        self.queue = queue
+
+    def _preempt(self, decision: Preempt) -> None:
+        """Stop a running gang and put it back in the queue (no restart is spent);
+        it resumes from its checkpoint when admitted again."""
+        job = self.store.get_job(decision.workload_id)
+        if job is None:
+            for source in self.sources:
+                source.apply(decision)
+            return
+        if job.status not in ACTIVE:
+            return
+        self.launching.pop(job.id, None)
+        self.engine.stop(job.id, job.attempt, len(job.placement or []))
+        self.pull_logs(job)
+        self.store.transition(
+            job.id, job.status, JobStatus.PENDING, Reason.REQUEUED,
+            f"{Reason.PREEMPTED}: {decision.reason}", placement=None,
+        )  # fmt: skip
 
     def _launch(self, job: JobRecord, decision: Admit) -> None:
         attempt = job.attempt + 1

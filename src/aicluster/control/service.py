@@ -48,6 +48,38 @@ class Services:
     # Admitted workloads that are not jobs (service replicas), for node allocation views.
     other_workloads: Callable[[], list] = field(default=lambda: [])
     node_loop: object | None = None  # control.nodes_loop.NodeLoop: states, cordon, drain
+    quotas: object | None = None  # store.quotas.QuotaStore
+    queue: Callable[[], list] = field(default=lambda: [])  # last cycle's (workload, reason)
+
+    # -- quotas and the queue --------------------------------------------------------
+
+    def set_quota(self, who: Principal, quota) -> object:
+        _admin_only(who)
+        if self.quotas is None:
+            raise BadRequest("quotas are not managed by this control plane")
+        out = self.quotas.set(quota, actor=who.user)
+        self.notify()
+        return out
+
+    def list_quotas(self, who: Principal) -> list:
+        rows = self.quotas.all() if self.quotas is not None else []
+        return rows if who.is_admin else [q for q in rows if q.team == who.team]
+
+    def pending_queue(self, who: Principal) -> list[dict]:
+        """Pending workloads in the order the scheduler considered them, with why each waits.
+        Other teams' entries are counted for position but not shown."""
+        out = []
+        jobs = {j.id: j for j in self.store.list_jobs(statuses=[JobStatus.PENDING])}
+        for position, (wid, reason) in enumerate(self.queue(), start=1):
+            job = jobs.get(wid)
+            team = job.team if job else None
+            if job is None or not (who.is_admin or team == who.team):
+                continue
+            out.append({"position": position, "workload": wid, "kind": "job", "team": team,
+                        "name": job.name, "workers": int(job.spec.get("workers", 1)),
+                        "priority": job.priority, "submitted_at": job.created_at,
+                        "reason": reason})  # fmt: skip
+        return out
 
     # -- nodes ---------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from aicluster.control.endpoints import Endpoint, EndpointTable, ServiceEndpoint
 from aicluster.control.logs import LogStore
 from aicluster.control.snapshot import REPLICA_PREFIX, WorkloadView, per_worker
 from aicluster.control.scaling import Scaler
-from aicluster.core.model import Admit, Wait
+from aicluster.core.model import Admit, Preempt, Wait
 from aicluster.core.replica import ReplicaReason as RR
 from aicluster.core.replica import ReplicaStatus as RS
 from aicluster.engine.protocol import Engine, LaunchRequest, NodeInfo
@@ -96,7 +96,12 @@ class ServiceLoop:
         if not decision.workload_id.startswith(REPLICA_PREFIX):
             return
         rid = decision.workload_id[len(REPLICA_PREFIX) :]
-        if isinstance(decision, Wait):
+        if isinstance(decision, Preempt):  # the service loop starts a replacement later
+            rep = next((r for r in self._live() if r.id == rid), None)
+            if rep is not None:
+                self.launching.pop(rid, None)
+                self._stop(rep, RR.PREEMPTED)
+        elif isinstance(decision, Wait):
             self.waiting[rid] = decision.reason
         elif isinstance(decision, Admit):
             self.waiting.pop(rid, None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aicluster.core.model import GangRequest, NodeView, Res, Snapshot
+from aicluster.core.model import GangRequest, NodeView, Quota, Res, RunningWorkload, Snapshot
 from aicluster.engine.protocol import NodeInfo
 from aicluster.store.db import JobRecord
 
@@ -31,6 +31,15 @@ class WorkloadView:
     priority: int
     created_at: float
     placement: tuple[str, ...] | None = None
+    started_at: float | None = None
+    preemptible: bool = True
+
+    def gang(self) -> GangRequest:
+        return GangRequest(
+            workload_id=self.workload_id, team=self.team, workers=self.workers,
+            per_worker=self.per_worker, gpu_model=self.gpu_model, priority=self.priority,
+            submitted_at=self.created_at, preemptible=self.preemptible,
+        )  # fmt: skip
 
 
 def job_workload(job: JobRecord) -> WorkloadView:
@@ -43,6 +52,7 @@ def job_workload(job: JobRecord) -> WorkloadView:
         priority=job.priority,
         created_at=job.created_at,
         placement=tuple(job.placement) if job.placement else None,
+        started_at=job.started_at or job.updated_at,
     )
 
 
@@ -56,10 +66,13 @@ def allocations(active: list[WorkloadView]) -> dict[str, Res]:
 
 def build_snapshot(
     nodes: list[NodeInfo], pending: list[WorkloadView], active: list[WorkloadView],
-    unschedulable: frozenset[str] = frozenset(),
+    unschedulable: frozenset[str] = frozenset(), quotas: tuple[Quota, ...] = (),
 ) -> Snapshot:
-    """`unschedulable`: nodes that take no new work (cordoned, draining, degraded)."""
+    """`unschedulable`: nodes that take no new work (cordoned, draining, degraded).
+    Racks come from the node label `rack`; a running workload is charged to the pool
+    of the node its rank 0 runs on."""
     used = allocations(active)
+    pool_of = {n.node_id: n.pool for n in nodes}
     views = tuple(
         NodeView(
             node_id=n.node_id,
@@ -70,20 +83,18 @@ def build_snapshot(
             gpu_model=n.gpu_model,
             labels=tuple(sorted(n.labels.items())),
             schedulable=n.node_id not in unschedulable,
+            rack=n.labels.get("rack"),
         )
         for n in nodes
         if n.alive
     )
-    gangs = tuple(
-        GangRequest(
-            workload_id=w.workload_id,
-            team=w.team,
-            workers=w.workers,
-            per_worker=w.per_worker,
-            gpu_model=w.gpu_model,
-            priority=w.priority,
-            submitted_at=w.created_at,
-        )
-        for w in pending
+    running = tuple(
+        RunningWorkload(
+            gang=w.gang(), placement=w.placement, started_at=w.started_at or w.created_at,
+            pool=pool_of.get(w.placement[0], "default"),
+        )  # fmt: skip
+        for w in active
+        if w.placement
     )
-    return Snapshot(nodes=views, pending=gangs)
+    return Snapshot(nodes=views, pending=tuple(w.gang() for w in pending), running=running,
+                    quotas=tuple(quotas))  # fmt: skip

@@ -4,7 +4,10 @@ Vocabulary:
 - NodeView: one node's capacity, what is already allocated on it, its pool and labels.
 - GangRequest: a pending workload — `workers` identical workers of `per_worker` resources.
 - Placement: for each rank (0..workers-1) the node id it runs on.
-- Snapshot: every node plus the pending gangs in queue order, frozen.
+- Snapshot: every node plus the pending gangs in queue order, frozen; optionally the
+  running workloads and the team quotas (Kueue vocabulary: a Quota is a team's nominal
+  quota in one pool, teams lend unused quota to others of their cohort).
+- Decisions: Admit(workload, placement) | Preempt(workload, reason) | Wait(workload, reason).
 
 Invariant: allocated <= capacity on every node in every snapshot the control plane
 builds; `core` never returns a decision that would break it.
@@ -13,6 +16,7 @@ builds; `core` never returns a decision that would break it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,8 @@ class NodeView:
     gpu_model: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
     schedulable: bool = True
+    rack: str | None = None  # None: a rack of its own
+    nvlink_domain: str | None = None  # None: the node is its own NVLink domain
 
     @property
     def free(self) -> Res:
@@ -70,18 +76,81 @@ class GangRequest:
     workers: int
     per_worker: Res
     gpu_model: str | None = None
-    priority: int = 0
+    priority: int = 0  # the value of its priority class; higher runs first
     submitted_at: float = 0.0
+    pool: str | None = None  # None: any pool (the one it lands in is charged)
+    preemptible: bool = True
+    runtime_limit: float | None = None  # seconds; lets `backfill` plan around it
+    attained_service: float = 0.0  # GPU-seconds run in earlier attempts (LAS ordering)
+    locality: str = "pool"  # the widest scope its workers may span: node|nvlink|rack|pool
+
+    @cached_property
+    def total(self) -> Res:
+        """per_worker x workers (computed once: the scheduler asks for it often)."""
+        return self.per_worker.scale(self.workers)
+
+
+@dataclass(frozen=True)
+class RunningWorkload:
+    """An admitted gang holding `placement` since `started_at` (charged to `pool`)."""
+
+    gang: GangRequest
+    placement: tuple[str, ...]
+    started_at: float = 0.0
+    last_checkpoint_at: float | None = None  # when known; else see checkpoint_every_s
+    pool: str = "default"
+    checkpoint_every_s: float | None = None  # periodic checkpoints from started_at, if known
+
+    def last_checkpoint(self, now: float) -> float:
+        """When the last checkpoint of this attempt was written (started_at if none)."""
+        if self.last_checkpoint_at is not None:
+            return max(self.last_checkpoint_at, self.started_at)
+        every = self.checkpoint_every_s
+        if every and every > 0 and now > self.started_at:
+            return self.started_at + ((now - self.started_at) // every) * every
+        return self.started_at
 
     @property
-    def total(self) -> Res:
-        return self.per_worker.scale(self.workers)
+    def workload_id(self) -> str:
+        return self.gang.workload_id
+
+    def work_lost(self, now: float) -> float:
+        """GPU-seconds a preemption at `now` throws away (run since the last checkpoint)."""
+        return max(0.0, now - self.last_checkpoint(now)) * self.gang.total.gpus
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Team `team`'s nominal quota in pool `pool` (GPUs; CPUs and memory when given).
+
+    - gpus: guaranteed GPUs; the team gets them back by preemption when others borrow them.
+    - borrow_gpus: most GPUs above `gpus` it may borrow from its cohort; None = no limit.
+    - lend_gpus: most of its unused guaranteed GPUs others may borrow; None = all of them.
+    - cpus, memory: hard caps on the team's use in the pool; None = not accounted.
+    - weight: its weight in the cohort's fair share of borrowed capacity.
+    A team without a Quota in a pool has no guarantee there and may borrow without limit.
+    """
+
+    team: str
+    pool: str
+    gpus: int
+    borrow_gpus: int | None = None
+    lend_gpus: int | None = None
+    cpus: float | None = None
+    memory: int | None = None
+    weight: float = 1.0
+    cohort: str = "default"
 
 
 @dataclass(frozen=True)
 class Snapshot:
     nodes: tuple[NodeView, ...]
     pending: tuple[GangRequest, ...]  # in arrival order; policies reorder as they see fit
+    running: tuple[RunningWorkload, ...] = ()  # already counted in NodeView.allocated
+    quotas: tuple[Quota, ...] = ()
+    # (team, pool, resources held) summed over `running`; None: computed from `running`.
+    # A caller that keeps it up to date saves the scheduler a pass over every workload.
+    usage: tuple[tuple[str, str, Res], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +168,15 @@ class Wait:
     never_fits: bool = False
 
 
-Decision = Admit | Wait
+@dataclass(frozen=True)
+class Preempt:
+    """Stop running workload `workload_id` (it returns to the queue); `reason` says for whom."""
+
+    workload_id: str
+    reason: str
+
+
+Decision = Admit | Wait | Preempt
 
 
 @dataclass

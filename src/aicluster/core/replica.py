@@ -31,6 +31,7 @@ class ReplicaReason(StrEnum):
     HEALTHY = "healthy"
     SCALED_DOWN = "scaled_down"
     NODE_DRAINED = "node_drained"
+    PREEMPTED = "preempted"
     DELETED = "deleted"
     LAUNCH_FAILED = "launch_failed"
     NOT_READY_IN_TIME = "not_ready_in_time"

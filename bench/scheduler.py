@@ -1,0 +1,225 @@
+"""Scheduler benchmark: every policy on real traces, with ratios against `fifo` in the same run.
+
+Run:  .venv/bin/python bench/scheduler.py                (everything, a few minutes on 2 cores)
+      .venv/bin/python bench/scheduler.py --philly-jobs 5000 --cycle-gangs 2000   (quick look)
+
+Prints:
+1. Tiresias' 60_job.csv on its 16 x 4-GPU spec and on a contended 2 x 4-GPU cluster.
+2. philly.csv, jobs submitted 2017-10-01 .. 2017-11-30 by the 11 VCs of philly_vc.csv
+   (the 4 tiny VCs dropped), each VC a team guaranteed 1/4 of its nodes (8 GPUs each:
+   88 nodes, 704 GPUs, racks of 16), one cohort, no borrowing limit. Jobs carry a runtime
+   limit of `--limit-factor` x their duration (only `backfill` reads it).
+   Per policy: average / median / p99 JCT, average / p99 / max queueing delay, makespan,
+   utilisation, preemptions, each with its ratio to `fifo`; then each team's share of GPU
+   time against its guarantee; and how long each whole replay took.
+3. One planning cycle with `--cycle-gangs` pending gangs on `--cycle-nodes` 8-GPU nodes
+   (racks of 32, 100 teams with quotas): admissions and admissions per second.
+The simulator and the policies are the ones the control plane runs (core.scheduler).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from rich.console import Console
+from rich.table import Table
+
+from aicluster.core.model import (
+    Admit,
+    GangRequest,
+    Quota,
+    Res,
+    RunningWorkload,
+    Snapshot,
+)
+from aicluster.core.scheduler import POLICY_NAMES, get_policy
+from aicluster.sim import (
+    SimConfig,
+    build_nodes,
+    load_60_job,
+    load_philly,
+    load_philly_vcs,
+    shared_cluster,
+    simulate,
+    summarise,
+    team_cluster,
+)  # fmt: skip
+
+UNITS = {"h": 3600.0, "s": 1.0}
+METRICS = [  # (column, Report attribute, is a time, format)
+    ("avg JCT", "avg_jct", True, "{:.2f}"),
+    ("median JCT", "median_jct", True, "{:.2f}"),
+    ("p99 JCT", "p99_jct", True, "{:.1f}"),
+    ("avg wait", "avg_delay", True, "{:.2f}"),
+    ("p99 wait", "p99_delay", True, "{:.1f}"),
+    ("max wait", "max_delay", True, "{:.1f}"),
+    ("makespan", "makespan", True, "{:.0f}"),
+    ("GPU util", "utilisation", False, "{:.1%}"),
+]
+
+
+def ratio(value: float, base: float) -> str:
+    return f"x{value / base:.2f}" if base else "-"
+
+
+def policy_table(
+    title: str, reports: dict, times: dict[str, float], unit: str = "h"
+) -> Table:
+    t = Table(title=title)
+    t.add_column("policy")
+    for col, _, is_time, _ in METRICS:
+        t.add_column(f"{col} {unit}" if is_time else col, justify="right")
+    for col in ("preempt", "done", "replay s (CPU s)"):
+        t.add_column(col, justify="right")
+    base = reports["fifo"]
+    for name, r in reports.items():
+        cells = []
+        for _, attr, is_time, fmt in METRICS:
+            v = getattr(r, attr)
+            cell = fmt.format(v / UNITS[unit] if is_time else v)
+            cells.append(
+                cell if name == "fifo" else f"{cell} ({ratio(v, getattr(base, attr))})"
+            )
+        done = f"{r.finished}/{r.jobs}" + (f" rej {r.rejected}" if r.rejected else "")
+        wall, cpu = times[name]
+        cells += [str(r.preemptions), done, f"{wall:.1f} ({cpu:.1f})"]
+        t.add_row(name, *cells)
+    return t
+
+
+def share_table(reports: dict) -> Table:
+    t = Table(
+        title="philly: each team's share of GPU time (guarantee share in brackets)"
+    )
+    t.add_column("team")
+    for name in reports:
+        t.add_column(name, justify="right")
+    first = next(iter(reports.values()))
+    for team, (_, guarantee) in first.team_share.items():
+        cells = [
+            f"{r.team_share.get(team, (0.0, 0.0))[0]:.1%}" for r in reports.values()
+        ]
+        t.add_row(f"{team} [{guarantee:.1%}]", *cells)
+    return t
+
+
+def run_policies(jobs, cluster, policies, cfg):
+    reports, times = {}, {}
+    for name in policies:
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = simulate(jobs, cluster, name, cfg)
+        times[name] = (time.perf_counter() - t0, time.process_time() - c0)
+        reports[name] = summarise(result)
+    return reports, times
+
+
+def cycle_snapshot(n_nodes: int, n_gangs: int, seed: int = 1) -> Snapshot:
+    """A cluster with some running work, `n_gangs` pending of
+    Philly-like sizes from 100 teams, each team guaranteed an equal share."""
+    rng = random.Random(seed)
+    nodes = list(build_nodes(n_nodes, 8, nodes_per_rack=32))
+    teams = [f"team{i:03d}" for i in range(100)]
+    quotas = tuple(Quota(t, "default", n_nodes * 8 // len(teams)) for t in teams)
+    running, pending = [], []
+    for i in range(0, n_nodes, 4):  # a 2-GPU job on every 4th node
+        g = GangRequest(f"r{i}", teams[i % len(teams)], 1, Res(1.0, 0, 2))
+        running.append(RunningWorkload(g, (nodes[i].node_id,), 0.0, pool="default"))
+        nodes[i] = replace(nodes[i], allocated=Res(1.0, 0, 2))
+    sizes = [(1, 1), (1, 1), (1, 1), (1, 1), (1, 2), (1, 4), (1, 8), (2, 8), (4, 8)]
+    for j in range(n_gangs):
+        workers, per = rng.choice(sizes)
+        pending.append(
+            GangRequest(f"g{j:05d}", rng.choice(teams), workers, Res(1.0, 0, per),
+                        submitted_at=float(j), priority=rng.choice([0, 0, 0, 1]))
+        )  # fmt: skip
+    return Snapshot(tuple(nodes), tuple(pending), tuple(running), quotas)
+
+
+def bench_cycle(console: Console, n_nodes: int, n_gangs: int) -> None:
+    snap = cycle_snapshot(n_nodes, n_gangs)
+    t = Table(
+        title=f"one planning cycle: {n_gangs:,} pending gangs, {n_nodes:,} nodes x 8 GPUs"
+    )
+    for col in ("policy", "admitted", "GPUs admitted", "cycle CPU s", "admissions/s"):
+        t.add_column(col, justify="right")
+    gangs = {g.workload_id: g for g in snap.pending}
+    for name in POLICY_NAMES:
+        best = float("inf")
+        for _ in range(3):
+            policy = get_policy(
+                name
+            )  # fresh: no cache carried over from a previous cycle
+            t0 = time.process_time()
+            decisions = policy.plan(snap, 1000.0)
+            best = min(best, time.process_time() - t0)
+        admits = [d for d in decisions if isinstance(d, Admit)]
+        gpus = sum(gangs[d.workload_id].total.gpus for d in admits)
+        t.add_row(
+            name,
+            f"{len(admits):,}",
+            f"{gpus:,}",
+            f"{best:.3f}",
+            f"{len(admits) / best:,.0f}",
+        )
+    console.print(t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
+    ap.add_argument(
+        "--philly-jobs", type=int, default=0, help="only the first N jobs (0: all)"
+    )
+    ap.add_argument("--scale", type=float, default=0.25)
+    ap.add_argument("--limit-factor", type=float, default=2.0)
+    ap.add_argument("--cycle-nodes", type=int, default=1000)
+    ap.add_argument("--cycle-gangs", type=int, default=10000)
+    ap.add_argument("--skip-philly", action="store_true")
+    args = ap.parse_args()
+    console = Console(width=200)
+    cfg = SimConfig(runtime_limit_factor=args.limit_factor)
+
+    jobs60 = load_60_job(args.traces / "60_job.csv")
+    for nodes, label in (
+        (16, "Tiresias spec, 16 x 4 GPUs"),
+        (2, "contended, 2 x 4 GPUs"),
+    ):
+        reports, times = run_policies(
+            jobs60, shared_cluster(nodes, 4), POLICY_NAMES, cfg
+        )
+        title = f"60_job.csv on {label} (one shared partition), times in seconds"
+        console.print(policy_table(title, reports, times, unit="s"))
+
+    if not args.skip_philly:
+        vcs = load_philly_vcs(args.traces / "philly_vc.csv")
+        jobs = load_philly(args.traces / "philly.csv", set(vcs))
+        jobs = jobs[: args.philly_jobs] if args.philly_jobs else jobs
+        cluster = team_cluster(vcs, args.scale)
+        title = (
+            f"philly.csv Oct-Nov 2017: {len(jobs):,} jobs, {len(vcs)} teams at {args.scale:g} "
+            f"of their VC size ({cluster.gpus} GPUs), runtime limit = {args.limit_factor:g} x duration, "
+            "times in hours"
+        )
+        reports, times = run_policies(jobs, cluster, POLICY_NAMES, cfg)
+        console.print(policy_table(title, reports, times))
+        console.print(share_table(reports))
+        console.print(
+            "whole philly replay per policy, wall (CPU) seconds: "
+            + ", ".join(
+                f"{k} {w:.1f} s ({c:.1f} s CPU, {reports[k].cycles:,} cycles)"
+                for k, (w, c) in times.items()
+            )
+        )
+    bench_cycle(console, args.cycle_nodes, args.cycle_gangs)
+
+
+if __name__ == "__main__":
+    main()

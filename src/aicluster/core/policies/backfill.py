@@ -1,0 +1,178 @@
+"""`backfill`: `fifo` partitions with EASY backfill (Lifka's Argonne scheduler, as in Slurm).
+
+Gangs are tried in FCFS order as in `fifo`. The first gang of a pool that waits for room
+gets a *reservation*: the earliest time (the *shadow time*) at which it would fit if
+running workloads end at their runtime limits (`started_at + runtime_limit`; a workload
+without a limit never ends, as far as the plan knows). A later gang, of any partition,
+may start now only if it does not delay that reservation: it ends (by its own runtime
+limit) before the shadow time, or the reserved gang would still fit at the shadow time
+beside it. A partition whose head waits for its *quota* lets a later gang of its own
+start on the same terms, against the time its running work frees enough quota.
+
+Invariants: everything `fifo` guarantees about capacity and quotas; given correct
+runtime limits, no backfilled gang delays the start of a pool's reserved gang; without
+limits, a gang only starts beside the reservation, never on the nodes it needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aicluster.core.model import Admit, Decision, GangRequest, Snapshot
+from aicluster.core.policies.base import Cycle, arrival_key
+from aicluster.core.policies.fifo import (
+    hold_for_starving,
+    partition_never_fits,
+    partition_of,
+)
+from aicluster.core.topology import FreeIndex, why_no_room
+
+INF = float("inf")
+
+
+def _end(g: GangRequest, start: float) -> float:
+    return start + g.runtime_limit if g.runtime_limit is not None else INF
+
+
+class Reservation:
+    """The shadow time and free capacity at that time for a pool's reserved gang."""
+
+    def __init__(self, c: Cycle, head: GangRequest, pool: str) -> None:
+        self.head, self.pool = head, pool
+        self.shadow = FreeIndex(c.snapshot.nodes, layout=c.layout)
+        gangs = {g.workload_id: g for g in c.snapshot.pending}
+        ending = [(_end(r.gang, r.started_at), r.workload_id, r.placement, r.gang)
+                  for r in c.running_in(pool)]  # fmt: skip
+        for d in c.decided:
+            if isinstance(d, Admit) and c.index.node[d.placement[0]].pool == pool:
+                g = gangs[d.workload_id]
+                self.shadow.take(d.placement, g.per_worker)
+                ending.append((_end(g, c.clock), d.workload_id, d.placement, g))
+        self.time = c.clock
+        fits = self.shadow.place(head, pool) is not None
+        for end, _, placement, g in sorted(ending, key=lambda e: (e[0], e[1])):
+            if fits:
+                break
+            self.shadow.release(placement, g.per_worker)
+            self.time = end
+            fits = self.shadow.place(head, pool) is not None
+        if not fits:
+            self.time = INF
+        planned = self.shadow.place(head, pool)
+        self.nodes = frozenset(
+            planned or ()
+        )  # where the head will go at the shadow time
+
+    def allows(self, g: GangRequest, placement: tuple[str, ...], now: float) -> bool:
+        """True if `g` starting now on `placement` leaves the reservation intact (and
+        then counts it in the free capacity at the shadow time)."""
+        if _end(g, now) <= self.time < INF:
+            return True
+        self.shadow.take(placement, g.per_worker)
+        if self.shadow.place(self.head, self.pool) is not None:
+            return True
+        self.shadow.release(placement, g.per_worker)
+        return False
+
+
+def _quota_shadow(c: Cycle, head: GangRequest, pool: str) -> tuple[float, float]:
+    """(time the partition frees enough quota for `head`, quota to spare at that time)."""
+    size = c.book.partition_size(head.team, pool)
+    mine = sorted(
+        (_end(r.gang, r.started_at), r.gang.total.gpus)
+        for r in c.running_of(head.team, pool)
+    )
+    used = c.book.account(head.team, pool).used.gpus
+    time = c.clock
+    for end, gpus in mine:
+        if used + head.total.gpus <= size:
+            break
+        used, time = used - gpus, end
+    return time, size - used - head.total.gpus
+
+
+@dataclass(frozen=True)
+class BackfillPolicy:
+    name: str = "backfill"
+    starve_after_s: float = 6 * 3600.0
+    memo: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    def plan(self, snapshot: Snapshot, clock: float) -> list[Decision]:
+        c = Cycle(snapshot, clock, self.memo)
+        reserved: dict[str, Reservation] = {}
+        quota_wait: dict[
+            tuple, list
+        ] = {}  # partition -> [head id, shadow time, spare GPUs]
+        quota_full: dict[
+            tuple, int
+        ] = {}  # partition -> fewest GPUs its quota refused now
+        parts: dict[tuple, tuple] = {}
+        for g in sorted(snapshot.pending, key=arrival_key):
+            part = parts.get((g.team, g.pool)) or parts.setdefault(
+                (g.team, g.pool), partition_of(c, g)
+            )
+            hold = quota_wait.get(part)
+            gpus = g.total.gpus
+            if hold is not None and (
+                gpus >= quota_full.get(part, gpus + 1)
+                or (_end(g, clock) > hold[1] and gpus > hold[2])
+            ):
+                c.wait(g, f"queued behind {hold[0]} (starting now would delay it)")
+                continue
+            refusal = self._try(c, g, reserved)
+            if refusal is not None and not refusal[1]:
+                quota_full[part] = min(gpus, quota_full.get(part, gpus))
+            if refusal is None:
+                if hold is not None and _end(g, clock) > hold[1]:
+                    hold[2] -= g.total.gpus
+                continue
+            never = c.never_fits(g) or partition_never_fits(c, g)
+            if never:
+                c.wait(g, never, True)
+                continue
+            reason, room = refusal
+            if room and hold is None:
+                self._reserve(c, g, reserved)
+                if hold_for_starving(c, g, self.starve_after_s):
+                    reason += "; nodes are held for it"
+            elif not room and hold is None:
+                pool = c.pools_for(g)[0]
+                quota_wait[part] = [g.workload_id, *_quota_shadow(c, g, pool)]
+            c.wait(g, reason)
+        return c.decisions()
+
+    @staticmethod
+    def _reserve(c: Cycle, g: GangRequest, reserved: dict[str, Reservation]) -> None:
+        for pool in c.pools_for(g):
+            if pool in c.index.pools and pool not in reserved:
+                reserved[pool] = Reservation(c, g, pool)
+                return
+
+    @staticmethod
+    def _try(c: Cycle, g: GangRequest, reserved: dict[str, Reservation]):
+        """Like `Cycle.try_admit` with the fifo partition rule, but never delaying a
+        pool's reservation. None if admitted, else (reason, lack of room?)."""
+        quota = room = None
+        for pool in c.pools_for(g):
+            if pool not in c.index.pools:
+                continue
+            reason = c.book.fits_partition(g.team, pool, g.total)
+            if reason is not None:
+                quota = quota or reason
+                continue
+            placement = c.index.place(g, pool)
+            if placement is None:
+                room = room or why_no_room(c.index, g, pool)
+                continue
+            res = reserved.get(pool)
+            if res is not None and not res.allows(g, placement, c.clock):
+                placement = c.index.place(g, pool, avoid=res.nodes)  # beside the head
+                if placement is None or not res.allows(g, placement, c.clock):
+                    room = (
+                        room
+                        or f"waiting: starting now would delay {res.head.workload_id}"
+                    )
+                    continue
+            c.admit(g, pool, placement)
+            return None
+        return (room, True) if room else (quota or "no pool can take it", False)

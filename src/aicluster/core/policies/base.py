@@ -1,0 +1,175 @@
+"""What every policy shares: the scratch state of one planning cycle.
+
+A `Cycle` holds the free-capacity index, the quota book and the decisions made so
+far. Policies only decide the *order* in which gangs are tried and *which quota rule*
+applies; admission, waiting and never-fits detection are the same for all of them.
+
+Invariants (kept by `admit`): every pending gang gets exactly one Admit or Wait; an
+Admit's placement fits the free capacity left by the admits before it; its quota was
+checked by the policy before `admit` charges it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
+
+from aicluster.core.model import (
+    Admit,
+    Decision,
+    GangRequest,
+    Preempt,
+    RunningWorkload,
+    Snapshot,
+    Wait,
+)  # fmt: skip
+from aicluster.core.quota import QuotaBook
+from aicluster.core.topology import FreeIndex, Layout, never_fits_reason, why_no_room
+
+QuotaRule = Callable[[GangRequest, str], "str | None"]
+
+
+class Refusal(NamedTuple):
+    """Why a gang was not admitted; `room` is True when quota allowed it but no nodes did."""
+
+    reason: str
+    room: bool
+
+
+class Policy(Protocol):
+    """A scheduling policy: `plan(snapshot, clock)` returns decisions, pure and deterministic."""
+
+    name: str
+
+    def plan(self, snapshot: Snapshot, clock: float) -> list[Decision]: ...
+
+
+def arrival_key(g: GangRequest) -> tuple:
+    """Priority class first (high first), then arrival, then id: the FCFS order."""
+    return (-g.priority, g.submitted_at, g.workload_id)
+
+
+class Cycle:
+    """Scratch state of one cycle over one snapshot (never shared between cycles)."""
+
+    def __init__(
+        self, snapshot: Snapshot, clock: float, memo: dict | None = None
+    ) -> None:
+        self.snapshot = snapshot
+        self.clock = clock
+        self.memo = memo if memo is not None else {}
+        self.layout = self._layout()
+        self.index = FreeIndex(snapshot.nodes, layout=self.layout)
+        self._pools: dict[tuple[str, str | None], list[str]] = {}
+        self._running: dict[str, list[RunningWorkload]] | None = None
+        self._by_team: dict[tuple[str, str], list[RunningWorkload]] | None = None
+        self.scratch: dict = {}  # per-cycle memos of the policies
+        self.pool_names = sorted(self.index.pools)
+        pool_gpus = {p: self.index.pools[p].capacity.gpus for p in self.pool_names}
+        self.book = QuotaBook(snapshot, pool_gpus, self.memo)
+        self.preempts: list[Preempt] = []
+        self.decided: list[Decision] = []
+        self.reserved_pools: set[str] = set()
+
+    # -- questions ----------------------------------------------------------------
+
+    def pools_for(self, g: GangRequest) -> list[str]:
+        """Pools the gang may use: its own, or every pool, those it has quota in first."""
+        key = (g.team, g.pool)
+        pools = self._pools.get(key)
+        if pools is None:
+            if g.pool is not None:
+                pools = [g.pool]
+            else:
+                mine = [p for p in self.pool_names if self.book.has_quota(g.team, p)]
+                pools = mine + [p for p in self.pool_names if p not in mine]
+            self._pools[key] = pools
+        return pools
+
+    def never_fits(self, g: GangRequest) -> str | None:
+        """Why the gang could not fit even the empty cluster, or None (memoised by shape)."""
+        key = (g.workers, g.per_worker, (g.gpu_model or "").lower(), g.locality, g.pool)
+        if key not in self._never:
+            self._empty = self._empty_index()
+            pools = self.pools_for(g) if g.pool is None else [g.pool]
+            if g.workers <= 0:
+                self._never[key] = "could never fit: a gang needs at least one worker"
+            elif g.pool is not None and g.pool not in self._empty.pools:
+                self._never[key] = (
+                    f"could never fit: no schedulable node in pool {g.pool}"
+                )
+            else:
+                self._never[key] = never_fits_reason(
+                    self._empty, g, pools or self.pool_names
+                )
+        return self._never[key]
+
+    def _layout(self) -> Layout:
+        """The nodes' layout, reused from the policy's memo while their shape is unchanged
+        (with the empty cluster's index); a cache, it never changes a decision."""
+        shape = Layout.shape(self.snapshot.nodes)
+        cached = self.memo.get("layout")
+        if cached is None or cached[0] != shape:
+            cached = (shape, Layout(self.snapshot.nodes), [None], {})
+            self.memo["layout"] = cached
+        self._empty_slot = cached[2]
+        self._never: dict[tuple, str | None] = cached[3]  # depends on the shape only
+        return cached[1]
+
+    def _empty_index(self) -> FreeIndex:
+        if self._empty_slot[0] is None:
+            self._empty_slot[0] = FreeIndex(
+                self.snapshot.nodes, empty=True, layout=self.layout
+            )
+        return self._empty_slot[0]
+
+    def running_of(self, team: str, pool: str) -> list[RunningWorkload]:
+        """The snapshot's running workloads of `team` in `pool` (grouped on first use)."""
+        if self._by_team is None:
+            self._by_team = {}
+            for r in self.snapshot.running:
+                self._by_team.setdefault((r.gang.team, r.pool), []).append(r)
+        return self._by_team.get((team, pool), [])
+
+    def running_in(self, pool: str) -> list[RunningWorkload]:
+        """The snapshot's running workloads charged to `pool` (grouped on first use)."""
+        if self._running is None:
+            self._running = {}
+            for r in self.snapshot.running:
+                self._running.setdefault(r.pool, []).append(r)
+        return self._running.get(pool, [])
+
+    # -- decisions ----------------------------------------------------------------
+
+    def try_admit(self, g: GangRequest, rule: QuotaRule, pools=None) -> Refusal | None:
+        """Admit `g` in the first pool where `rule` and placement allow; else why not
+        (a lack of room, when quota allowed some pool, wins over a quota reason)."""
+        quota: str | None = None
+        room: str | None = None
+        for pool in self.pools_for(g) if pools is None else pools:
+            if pool not in self.index.pools:
+                continue
+            reason = rule(g, pool)
+            if reason is not None:
+                quota = quota or reason
+                continue
+            placement = self.index.place(g, pool)
+            if placement is not None:
+                self.admit(g, pool, placement)
+                return None
+            room = room or why_no_room(self.index, g, pool)
+        if room is not None:
+            return Refusal(room, True)
+        return Refusal(quota or "no pool can take it", False)
+
+    def admit(self, g: GangRequest, pool: str, placement: tuple[str, ...]) -> None:
+        self.index.take(placement, g.per_worker)
+        self.book.charge(g.team, pool, g.total)
+        self.decided.append(Admit(g.workload_id, placement))
+
+    def wait(self, g: GangRequest, reason: str, never: bool = False) -> None:
+        self.decided.append(Wait(g.workload_id, reason, never))
+
+    def decisions(self) -> list[Decision]:
+        """Preemptions first (the mechanism stops them before anything else), then the rest."""
+        return [*self.preempts, *self.decided]

@@ -1,0 +1,144 @@
+"""`fair` (the default): guarantees first, then fair borrowing, preemption, LAS order.
+
+One cycle, in two passes over the pending gangs:
+
+1. *Guaranteed pass*, in queue order. A gang that fits within its team's guarantee in a
+   pool is placed; if there is no room and preemption is on, borrowed (or, within the
+   team, lower-priority) work is preempted to make room (see `preemption`).
+2. *Borrowing pass*: the gangs left over need GPUs above their team's guarantee. Teams
+   take turns, the one with the smallest weighted share of borrowed GPUs first (dominant
+   resource fairness over GPUs, weights from `Quota.weight`); each turn tries the team's
+   next gang against its borrowing limit, the cohort's lendable GPUs and the nodes.
+   A gang that does not fit is skipped (work conserving), with the reason recorded.
+
+Queue order (both passes, within a team): starving gangs first, then priority class,
+then least attained service (Tiresias-style discretised LAS over GPU-seconds run in
+earlier attempts: a preempted long job yields to new work, without knowing durations),
+then arrival. No starvation: a gang waiting `starve_after_s` goes first and, if it
+still cannot start, nodes are held for it (nothing else starts on them) and, when it
+needs to borrow, its cohort lends to nobody else until it has started.
+
+Invariants: guarantee + borrowing limit is never exceeded; a gang within its team's
+guarantee is never kept out by borrowed work for longer than the preemption takes.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from heapq import heappop, heappush
+
+from aicluster.core.model import Decision, GangRequest, Snapshot
+from aicluster.core.policies.base import Cycle
+from aicluster.core.policies.fifo import hold_for_starving
+from aicluster.core.policies.preemption import Reclaimer
+
+
+@dataclass(frozen=True)
+class FairPolicy:
+    name: str = "fair"
+    preemption: bool = True
+    las_thresholds: tuple[float, ...] = (
+        3600.0,
+        10 * 3600.0,
+    )  # GPU-seconds per LAS level
+    starve_after_s: float = 6 * 3600.0
+    memo: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    def order_key(self, g: GangRequest, clock: float) -> tuple:
+        starving = clock - g.submitted_at >= self.starve_after_s
+        level = bisect_right(self.las_thresholds, g.attained_service)
+        return (not starving, -g.priority, level, g.submitted_at, g.workload_id)
+
+    def plan(self, snapshot: Snapshot, clock: float) -> list[Decision]:
+        c = Cycle(snapshot, clock, self.memo)
+        reclaimer = Reclaimer(c) if self.preemption else None
+        deferred: dict[str, list[GangRequest]] = {}
+        for g in sorted(snapshot.pending, key=lambda g: self.order_key(g, clock)):
+            pools = [
+                p for p in c.pools_for(g) if c.book.within_guarantee(g.team, p, g.total)
+            ]
+            if pools:
+                self._guaranteed(c, g, pools, reclaimer)
+            else:
+                deferred.setdefault(g.team, []).append(g)
+        self._borrowing(c, deferred)
+        return c.decisions()
+
+    def _guaranteed(
+        self, c: Cycle, g: GangRequest, pools: list[str], reclaimer
+    ) -> None:
+        rule = lambda g, pool: c.book.admissible(g.team, pool, g.total, borrow=False)
+        refusal = c.try_admit(g, rule, pools)
+        if refusal is None:
+            return
+        never = c.never_fits(g)
+        if never:
+            c.wait(g, never, True)
+            return
+        for pool in pools if reclaimer is not None else ():
+            n = reclaimer.reclaim(g, pool)
+            if n:
+                c.wait(g, f"preempting {n} workload(s) to give team {g.team} its guaranteed "
+                          f"GPUs in pool {pool}")  # fmt: skip
+                return
+        self._wait_starving(c, g, refusal.reason, refusal.room)
+
+    def _borrowing(self, c: Cycle, deferred: dict[str, list[GangRequest]]) -> None:
+        """Teams in turn, smallest weighted borrowed share first; each turn one gang."""
+        clock = c.clock
+        heap = [
+            (c.book.share(t), self.order_key(q[0], clock), t)
+            for t, q in deferred.items()
+        ]
+        heap.sort()
+        nxt = dict.fromkeys(deferred, 0)
+        closed: dict[
+            tuple, str
+        ] = {}  # (cohort, pool) -> starving gang it lends to only
+        rule = lambda g, pool: self._borrow_rule(c, g, pool, closed)
+        while heap:
+            _, _, team = heappop(heap)
+            g = deferred[team][nxt[team]]
+            nxt[team] += 1
+            refusal = c.try_admit(g, rule)
+            never = refusal and (c.never_fits(g) or _beyond_ceiling(c, g))
+            if never:
+                c.wait(g, never, True)
+            elif refusal is not None:
+                self._wait_starving(c, g, refusal.reason, refusal.room, closed)
+            if nxt[team] < len(deferred[team]):
+                nq = deferred[team][nxt[team]]
+                heappush(heap, (c.book.share(team), self.order_key(nq, clock), team))
+
+    @staticmethod
+    def _borrow_rule(c: Cycle, g: GangRequest, pool: str, closed: dict) -> str | None:
+        cohort = c.book.account(g.team, pool).cohort
+        holder = closed.get((cohort, pool))
+        if holder is not None:
+            return (
+                f"cohort {cohort} lends its idle GPUs in pool {pool} to {holder} first"
+            )
+        return c.book.admissible(g.team, pool, g.total, borrow=True)
+
+    def _wait_starving(self, c: Cycle, g, reason: str, room: bool, closed=None) -> None:
+        if c.clock - g.submitted_at >= self.starve_after_s:
+            if room and hold_for_starving(c, g, 0.0):
+                reason += "; nodes are held for it"
+            elif not room and closed is not None:
+                for pool in c.pools_for(g):
+                    key = (c.book.account(g.team, pool).cohort, pool)
+                    closed.setdefault(key, g.workload_id)
+        c.wait(g, reason)
+
+
+def _beyond_ceiling(c: Cycle, g: GangRequest) -> str | None:
+    """Why the gang exceeds guarantee + borrowing limit in every pool it may use."""
+    ceilings = {p: c.book.ceiling(g.team, p) for p in c.pools_for(g)}
+    if ceilings and all(g.total.gpus > v for v in ceilings.values()):
+        pool, top = max(ceilings.items(), key=lambda kv: kv[1])
+        return (
+            f"could never fit: needs {g.total.gpus} GPUs but team {g.team} may hold at most "
+            f"{top:g} in pool {pool} (guarantee + borrowing limit)"
+        )
+    return None

@@ -1,0 +1,118 @@
+"""Preemption to give a team its guarantee back (Kueue: reclaim within the cohort).
+
+Victims, for a gang that is within its team's guarantee but finds no room, are chosen
+from the same pool in this order:
+1. workloads of other teams while that team borrows (its usage is above its guarantee),
+   then workloads of the gang's own team with a lower priority;
+2. lower priority first;
+3. least work lost since the last checkpoint first (Tiresias/Gandiva-style cheap
+   suspension), then the most recently started.
+Victims are taken in that order until the gang fits, then any victim the gang turns out
+not to need is spared (checked newest-taken first).
+
+Invariants: only preemptible workloads are chosen; a team stops being a victim as soon
+as its tentative usage is no longer above its guarantee; nothing is placed on the
+victims' room in the cycle that preempts them (they hold it until they have stopped);
+the gang's quota is charged, so two gangs never claim the same victims. The gang
+itself waits: it starts in a later cycle, once the victims have stopped.
+"""
+
+from __future__ import annotations
+
+from aicluster.core.model import GangRequest, Preempt, RunningWorkload
+from aicluster.core.policies.base import Cycle
+
+
+def _victim_key(r: RunningWorkload, g: GangRequest, now: float) -> tuple:
+    own = r.gang.team == g.team
+    return (own, r.gang.priority, r.work_lost(now), -r.started_at, r.workload_id)
+
+
+def _eligible(c: Cycle, g: GangRequest, r: RunningWorkload, gone: set[str]) -> bool:
+    if not r.gang.preemptible or r.workload_id in gone:
+        return False
+    if r.gang.team == g.team:
+        return r.gang.priority < g.priority
+    return c.book.is_borrowing(r.gang.team, r.pool)
+
+
+class Reclaimer:
+    """Chooses victims across one cycle (remembers who is already going)."""
+
+    def __init__(self, c: Cycle) -> None:
+        self.c = c
+        self.gone: set[str] = set()
+        self.failed: set[tuple] = set()
+
+    def reclaim(self, g: GangRequest, pool: str) -> int:
+        """Preempt for `g` in `pool`; the number of victims (0: not possible now)."""
+        shape = (
+            pool,
+            g.team,
+            g.priority,
+            g.workers,
+            g.per_worker,
+            g.gpu_model,
+            g.locality,
+        )
+        if shape in self.failed:
+            return 0
+        c = self.c
+        cands = [r for r in c.running_in(pool) if _eligible(c, g, r, self.gone)]
+        if (
+            sum(r.gang.total.gpus for r in cands) + c.index.pool_free_gpus(pool)
+            < g.total.gpus
+        ):
+            self.failed.add(shape)
+            return 0
+        cands.sort(key=lambda r: _victim_key(r, g, c.clock))
+        taken: list[RunningWorkload] = []
+        for r in cands:
+            if not _eligible(c, g, r, self.gone):
+                continue
+            self._free(r)
+            taken.append(r)
+            if c.index.place(g, pool) is not None:
+                return self._commit(g, pool, self._spare(g, pool, taken))
+        for r in reversed(taken):
+            self._hold(r)
+        self.failed.add(shape)
+        return 0
+
+    def _free(self, r: RunningWorkload) -> None:
+        self.c.index.release(r.placement, r.gang.per_worker)
+        self.c.book.refund(r.gang.team, r.pool, r.gang.total)
+
+    def _hold(self, r: RunningWorkload) -> None:
+        self.c.index.take(r.placement, r.gang.per_worker)
+        self.c.book.charge(r.gang.team, r.pool, r.gang.total)
+
+    def _spare(self, g: GangRequest, pool: str, taken: list[RunningWorkload]):
+        kept = []
+        for r in reversed(taken):
+            self._hold(r)
+            if self.c.index.place(g, pool) is None:
+                self._free(r)
+                kept.append(r)
+        return kept[::-1]
+
+    def _commit(self, g: GangRequest, pool: str, victims: list[RunningWorkload]) -> int:
+        c = self.c
+        c.book.charge(g.team, pool, g.total)
+        for r in victims:
+            c.index.take(
+                r.placement, r.gang.per_worker
+            )  # theirs until they have stopped
+            self.gone.add(r.workload_id)
+            why = (
+                f"lower priority than {g.workload_id} of the same team"
+                if r.gang.team == g.team
+                else f"team {r.gang.team} borrows beyond its guarantee in pool {pool}"
+            )
+            c.preempts.append(
+                Preempt(
+                    r.workload_id,
+                    f"preempted for {g.workload_id} of team {g.team}: {why}",
+                )
+            )
+        return len(victims)

@@ -1,0 +1,23 @@
+"""Trace-driven discrete-event simulator running the `core` scheduling policies.
+
+from aicluster.sim import load_philly, team_cluster, simulate, summarise
+report = summarise(simulate(jobs, cluster, policy="fair"))
+"""
+
+from aicluster.sim.cluster import SimCluster, build_nodes, shared_cluster, team_cluster
+from aicluster.sim.engine import SimConfig, SimResult, simulate
+from aicluster.sim.report import Report, percentile, summarise
+from aicluster.sim.traces import (
+    TINY_PHILLY_VCS,
+    TraceJob,
+    load_60_job,
+    load_philly,
+    load_philly_vcs,
+    synthetic,
+)  # fmt: skip
+
+__all__ = [
+    "TINY_PHILLY_VCS", "Report", "SimCluster", "SimConfig", "SimResult", "TraceJob",
+    "build_nodes", "load_60_job", "load_philly", "load_philly_vcs", "percentile",
+    "shared_cluster", "simulate", "summarise", "synthetic", "team_cluster",
+]  # fmt: skip

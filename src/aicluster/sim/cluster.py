@@ -1,0 +1,66 @@
+"""Simulated clusters: nodes in racks of one pool, and team quotas.
+
+Invariant: node ids and names are "n0000", "n0001", ... in rack order, so that runs are
+reproducible and node names sort in placement tie-break order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aicluster.core.model import NodeView, Quota, Res
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class SimCluster:
+    nodes: tuple[NodeView, ...]
+    quotas: tuple[Quota, ...]
+
+    @property
+    def gpus(self) -> int:
+        return sum(n.capacity.gpus for n in self.nodes)
+
+
+def build_nodes(
+    count: int, gpus_per_node: int = 8, nodes_per_rack: int = 16, pool: str = "default",
+    cpus: float = 64.0, memory: int = 512 * GiB, gpu_model: str | None = None,
+) -> tuple[NodeView, ...]:  # fmt: skip
+    """`count` identical nodes, `nodes_per_rack` to a rack (each node its own NVLink domain)."""
+    return tuple(
+        NodeView(
+            node_id=f"n{i:04d}",
+            name=f"n{i:04d}",
+            capacity=Res(cpus, memory, gpus_per_node),
+            pool=pool,
+            gpu_model=gpu_model,
+            rack=f"r{i // nodes_per_rack:03d}",
+        )
+        for i in range(count)
+    )
+
+
+def team_cluster(
+    team_nodes: dict[str, int],
+    scale: float = 1.0,
+    gpus_per_node: int = 8,
+    nodes_per_rack: int = 16,
+    borrow_gpus: int | None = None,
+) -> SimCluster:
+    """Each team guaranteed its node count x `scale` (at least one node) of GPUs; the
+    cluster is exactly the sum, in one pool "default", one cohort."""
+    sizes = {t: max(1, round(n * scale)) for t, n in sorted(team_nodes.items())}
+    nodes = build_nodes(sum(sizes.values()), gpus_per_node, nodes_per_rack)
+    quotas = tuple(
+        Quota(team=t, pool="default", gpus=n * gpus_per_node, borrow_gpus=borrow_gpus)
+        for t, n in sizes.items()
+    )
+    return SimCluster(nodes, quotas)
+
+
+def shared_cluster(
+    nodes: int, gpus_per_node: int = 8, nodes_per_rack: int = 16
+) -> SimCluster:
+    """A cluster without quotas: one partition that every team shares."""
+    return SimCluster(build_nodes(nodes, gpus_per_node, nodes_per_rack), ())

@@ -1,0 +1,244 @@
+"""Discrete-event simulation of a cluster running `core.scheduler.plan_cycle`.
+
+Time jumps from event to event (a job arrives, a job finishes); after each batch of
+events, when gangs are pending, the simulator builds a `Snapshot` exactly as the
+control plane would and applies the decisions of the same `plan_cycle`:
+- Admit: the gang starts on the given nodes and finishes `remaining` seconds later
+  (plus `restore_s` when it resumes from a checkpoint);
+- Preempt: the gang stops now; the work since its last checkpoint (every
+  `checkpoint_every_s` from its start) is lost, the rest is kept; it is queued again,
+  with its GPU-seconds so far as attained service; a new cycle runs at once;
+- Wait with never_fits: the job is rejected (it would wait forever) and reported.
+
+Like a real scheduler's queue depth, the policy sees at most `queue_depth` pending gangs
+per team each cycle (oldest first; `fifo` decisions never depend on deeper ones).
+
+Invariant: every job is pending, running, finished or rejected, exactly one of them;
+a finite trace always ends (the run stops with the unfinished jobs reported if ever no
+event is left while gangs still wait).
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, insort
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from aicluster.core.model import (
+    Admit,
+    GangRequest,
+    Preempt,
+    Res,
+    RunningWorkload,
+    Snapshot,
+    Wait,
+)  # fmt: skip
+from aicluster.core.policies.base import Policy
+from aicluster.core.scheduler import get_policy
+from aicluster.sim.cluster import SimCluster
+from aicluster.sim.traces import TraceJob
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    checkpoint_every_s: float | None = 1800.0
+    restore_s: float = 60.0
+    queue_depth: int = 32
+    min_interval_s: float = (
+        0.0  # a cycle at most this often (0: after every event batch)
+    )
+    runtime_limit_factor: float | None = None  # runtime limit = duration x factor
+
+
+@dataclass
+class JobRecord:
+    """What happened to one job; times in seconds from the trace start."""
+
+    job: TraceJob
+    gang: GangRequest
+    remaining: float
+    first_start: float | None = None
+    finish: float | None = None
+    rejected: str | None = None
+    preemptions: int = 0
+    lost_gpu_s: float = 0.0
+    resume: bool = False  # pays restore_s when it next starts
+    version: int = 0
+
+
+@dataclass
+class SimResult:
+    policy: str
+    jobs: list[JobRecord]
+    cluster: SimCluster
+    cycles: int = 0
+    gpu_s_by_team: dict[str, float] = field(default_factory=dict)
+    unfinished: int = 0
+
+
+class _Sim:
+    def __init__(
+        self, jobs, cluster: SimCluster, policy: Policy, cfg: SimConfig
+    ) -> None:
+        self.cfg, self.policy, self.cluster = cfg, policy, cluster
+        self.node_gpus = max((n.capacity.gpus for n in cluster.nodes), default=1) or 1
+        self.records = [JobRecord(j, self._gang(j), j.duration) for j in jobs]
+        self.views = {n.node_id: n for n in cluster.nodes}
+        self.running: dict[str, tuple[RunningWorkload, int]] = {}
+        self.index = {r.job.job_id: i for i, r in enumerate(self.records)}
+        self.queues: dict[str, list[tuple]] = {}
+        self.usage: dict[tuple[str, str], Res] = {}
+        self.finishes: list[tuple[float, int, int]] = []  # (time, record, version)
+        self.gpu_s: Counter = Counter()
+        self.cycles = 0
+
+    def _gang(self, j: TraceJob) -> GangRequest:
+        workers, per = j.shape(self.node_gpus)
+        limit = (
+            j.duration * self.cfg.runtime_limit_factor
+            if self.cfg.runtime_limit_factor
+            else None
+        )
+        return GangRequest(
+            workload_id=j.job_id, team=j.team, workers=workers, per_worker=Res(1.0, 0, per),
+            priority=j.priority, submitted_at=j.submit, runtime_limit=limit,
+        )  # fmt: skip
+
+    # -- queue ----------------------------------------------------------------------
+
+    def enqueue(self, i: int) -> None:
+        g = self.records[i].gang
+        insort(
+            self.queues.setdefault(g.team, []),
+            (-g.priority, g.submitted_at, g.workload_id, i),
+        )
+
+    def dequeue(self, i: int) -> None:
+        g = self.records[i].gang
+        q = self.queues[g.team]
+        key = (-g.priority, g.submitted_at, g.workload_id, i)
+        at = bisect_left(q, key)
+        assert q[at] == key
+        del q[at]
+
+    def pending(self) -> tuple[GangRequest, ...]:
+        d = self.cfg.queue_depth
+        return tuple(
+            self.records[e[3]].gang for q in self.queues.values() for e in q[:d]
+        )
+
+    # -- capacity -------------------------------------------------------------------
+
+    def _hold(self, run: RunningWorkload, sign: int) -> None:
+        per = run.gang.per_worker
+        for node_id, k in Counter(run.placement).items():
+            v = self.views[node_id]
+            delta = per.scale(k)
+            self.views[node_id] = replace(
+                v, allocated=v.allocated + delta if sign > 0 else v.allocated - delta
+            )
+        key = (run.gang.team, run.pool)
+        total = run.gang.total
+        self.usage[key] = (
+            self.usage.get(key, Res()) + total if sign > 0 else self.usage[key] - total
+        )
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            nodes=tuple(self.views.values()), pending=self.pending(),
+            running=tuple(r for r, _ in self.running.values()), quotas=self.cluster.quotas,
+            usage=tuple((t, p, r) for (t, p), r in self.usage.items() if r.gpus or r.cpus),
+        )  # fmt: skip
+
+    # -- transitions ----------------------------------------------------------------
+
+    def start(self, i: int, placement: tuple[str, ...], now: float) -> None:
+        rec = self.records[i]
+        self.dequeue(i)
+        pool = self.views[placement[0]].pool
+        run = RunningWorkload(rec.gang, placement, now, pool=pool,
+                              checkpoint_every_s=self.cfg.checkpoint_every_s)  # fmt: skip
+        self._hold(run, +1)
+        self.running[rec.gang.workload_id] = (run, i)
+        if rec.first_start is None:
+            rec.first_start = now
+        end = now + rec.remaining + (self.cfg.restore_s if rec.resume else 0.0)
+        heapq.heappush(self.finishes, (end, i, rec.version))
+
+    def stop(self, i: int, now: float) -> RunningWorkload:
+        rec = self.records[i]
+        run, _ = self.running.pop(rec.gang.workload_id)
+        self._hold(run, -1)
+        rec.version += 1
+        self.gpu_s[rec.job.team] += (now - run.started_at) * run.gang.total.gpus
+        return run
+
+    def preempt(self, i: int, now: float) -> None:
+        rec = self.records[i]
+        run = self.stop(i, now)
+        restore = self.cfg.restore_s if rec.resume else 0.0
+        saved = max(0.0, run.last_checkpoint(now) - run.started_at - restore)
+        gpus = run.gang.total.gpus
+        rec.lost_gpu_s += ((now - run.started_at) - saved) * gpus
+        rec.remaining -= saved
+        rec.resume = rec.resume or saved > 0
+        rec.preemptions += 1
+        attained = rec.gang.attained_service + (now - run.started_at) * gpus
+        rec.gang = replace(rec.gang, attained_service=attained)
+        self.enqueue(i)
+
+    def cycle(self, now: float) -> bool:
+        """One planning cycle; True when it preempted (so another cycle should follow)."""
+        self.cycles += 1
+        preempted = False
+        for d in self.policy.plan(self.snapshot(), now):
+            kind = type(d)
+            if kind is Wait:
+                if d.never_fits:
+                    i = self.index[d.workload_id]
+                    self.records[i].rejected = d.reason
+                    self.dequeue(i)
+            elif kind is Admit:
+                self.start(self.index[d.workload_id], d.placement, now)
+            elif kind is Preempt:
+                self.preempt(self.index[d.workload_id], now)
+                preempted = True
+        return preempted
+
+    def run(self) -> None:
+        n, nxt, last = len(self.records), 0, -float("inf")
+        while True:
+            times = [self.finishes[0][0]] if self.finishes else []
+            if nxt < n:
+                times.append(self.records[nxt].job.submit)
+            if not times:
+                break
+            now = max(min(times), last + self.cfg.min_interval_s)
+            while self.finishes and self.finishes[0][0] <= now:
+                t, i, version = heapq.heappop(self.finishes)
+                if version == self.records[i].version:
+                    self.stop(i, t)
+                    self.records[i].finish = t
+            while nxt < n and self.records[nxt].job.submit <= now:
+                self.enqueue(nxt)
+                nxt += 1
+            if any(self.queues.values()):
+                last = now
+                for _ in range(4):
+                    if not self.cycle(now):
+                        break
+
+
+def simulate(
+    jobs: list[TraceJob], cluster: SimCluster, policy: str | Policy = "fair",
+    config: SimConfig | None = None,
+) -> SimResult:  # fmt: skip
+    """Replay `jobs` on `cluster` under `policy`; every job ends finished or rejected."""
+    p = get_policy(policy)
+    sim = _Sim(jobs, cluster, p, config or SimConfig())
+    sim.run()
+    unfinished = sum(1 for r in sim.records if r.finish is None and r.rejected is None)
+    return SimResult(
+        p.name, sim.records, cluster, sim.cycles, dict(sim.gpu_s), unfinished
+    )

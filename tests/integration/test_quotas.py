@@ -1,0 +1,48 @@
+"""Quotas live (fair policy): a team reclaims its guarantee by preempting a borrower,
+which goes back to the queue and resumes from its checkpoint afterwards."""
+
+from __future__ import annotations
+
+from harness import wait_for
+
+# Resumable: keeps its progress in AICLUSTER_CHECKPOINT_DIR and says where it resumed.
+RESUMABLE = (
+    'mkdir -p "$AICLUSTER_CHECKPOINT_DIR"; f="$AICLUSTER_CHECKPOINT_DIR/rank$RANK"; '
+    'if [ -f "$f" ]; then echo "resumed from $(cat $f)"; fi; '
+    'echo "attempt $AICLUSTER_ATTEMPT" > "$f"; sleep 600'
+)
+
+
+def test_team_reclaims_quota_by_preempting_a_borrower(admin):
+    for team in ("q-owner", "q-borrower"):
+        if team not in admin.teams():
+            admin.create_team(team)
+    set_quota = lambda team, body: admin._json("PUT", f"/v1/teams/{team}/quotas/gpu", json=body)  # noqa: E731
+    set_quota("q-owner", {"gpus": 4, "borrow_gpus": 0})
+    set_quota("q-borrower", {"gpus": 0})
+    borrower = admin.submit({"kind": "job", "name": "borrow", "team": "q-borrower", "workers": 2,
+                             "resources": {"gpus": 2}, "command": RESUMABLE}, None)  # fmt: skip
+    admin.wait(borrower["id"], {"RUNNING"}, timeout=60)
+    try:
+        owner = admin.submit({"kind": "job", "name": "reclaim", "team": "q-owner",
+                              "resources": {"gpus": 2}, "command": "sleep 600"}, None)  # fmt: skip
+        admin.wait(owner["id"], {"RUNNING"}, timeout=60)
+        job = admin.job(borrower["id"])
+        preempted = [e for e in job["events"] if (e["message"] or "").startswith("preempted")]
+        assert preempted, job["events"]
+        assert "q-owner" in preempted[-1]["message"] or "guarantee" in preempted[-1]["message"]
+        assert job["restarts"] == 0, "a preemption spends no restart"
+        waiting = wait_for(lambda: (j := admin.job(borrower["id"]))["status"] == "PENDING"
+                           and j["message"] and j, what="a wait reason")  # fmt: skip
+        queue = admin._json("GET", "/v1/queue")["queue"]
+        assert any(q["workload"] == borrower["id"] for q in queue)
+        assert waiting["message"]
+        admin.cancel(owner["id"])
+        back = admin.wait(borrower["id"], {"RUNNING"}, timeout=60)
+        assert back["attempt"] == 2
+        wait_for(lambda: b"resumed from attempt 1" in admin.logs(borrower["id"])[0],
+                 what="the resumed log line")  # fmt: skip
+    finally:
+        for job_id in (borrower["id"],):
+            admin.cancel(job_id)
+        set_quota("q-owner", {"gpus": 0})

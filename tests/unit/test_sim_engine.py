@@ -1,0 +1,194 @@
+"""The trace simulator (aicluster.sim): loaders, the event loop, preemption costs, reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aicluster.core.model import Quota
+from aicluster.sim import (
+    SimConfig,
+    TraceJob,
+    build_nodes,
+    load_60_job,
+    load_philly,
+    load_philly_vcs,
+    percentile,
+    shared_cluster,
+    simulate,
+    summarise,
+    synthetic,
+    team_cluster,
+)  # fmt: skip
+from aicluster.sim.cluster import SimCluster
+
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+needs_traces = pytest.mark.skipif(
+    not TRACES.is_dir(), reason="shared/traces not present"
+)
+
+
+# -- loaders ----------------------------------------------------------------------------
+
+
+@needs_traces
+def test_load_60_job():
+    jobs = load_60_job(TRACES / "60_job.csv")
+    assert len(jobs) == 60
+    assert [j.submit for j in jobs] == sorted(j.submit for j in jobs)
+    assert sorted({j.gpus for j in jobs}) == [1, 2, 4, 8]
+    assert (
+        min(j.duration for j in jobs) == 121 and max(j.duration for j in jobs) == 1800
+    )
+
+
+@needs_traces
+def test_load_philly_window_and_teams():
+    vcs = load_philly_vcs(TRACES / "philly_vc.csv")
+    assert len(vcs) == 11 and sum(vcs.values()) == 352
+    jobs = load_philly(TRACES / "philly.csv", set(vcs))
+    assert len(jobs) == 68503
+    assert jobs[0].submit >= 0 and jobs[-1].submit < 61 * 86400
+    assert {j.team for j in jobs} == set(vcs)
+    cluster = team_cluster(vcs, 0.25)
+    assert cluster.gpus == 704 and sum(q.gpus for q in cluster.quotas) == 704
+
+
+def test_load_philly_sorts_and_filters(tmp_path):
+    f = tmp_path / "p.csv"
+    f.write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        "2017-10-02 00:00:10,100.0,2,200.0,x\n"
+        "2017-10-01 00:00:00,50.0,1,50.0,y\n"
+        "2017-09-30 23:59:59,5.0,1,5.0,x\n"
+        "2017-10-01 00:01:00,0.0,16,0.0,z\n\n"
+    )
+    jobs = load_philly(f, {"x", "y"})
+    assert [(j.team, j.submit, j.gpus) for j in jobs] == [
+        ("y", 0.0, 1),
+        ("x", 86410.0, 2),
+    ]
+    assert len(load_philly(f)) == 3 and load_philly(f)[1].duration == 1.0
+
+
+def test_gang_shape_uses_node_sized_workers():
+    assert TraceJob("j", "t", 0, 1, 4).shape(8) == (1, 4)
+    assert TraceJob("j", "t", 0, 1, 16).shape(8) == (2, 8)
+    assert TraceJob("j", "t", 0, 1, 12).shape(8) == (3, 4)
+    assert TraceJob("j", "t", 0, 1, 8).shape(4) == (2, 4)
+
+
+def test_synthetic_is_seeded():
+    teams = {"a": 1.0, "b": 2.0}
+    assert synthetic(50, teams, seed=3) == synthetic(50, teams, seed=3)
+    assert synthetic(50, teams, seed=3) != synthetic(50, teams, seed=4)
+
+
+# -- the event loop ---------------------------------------------------------------------
+
+
+def test_a_single_job_runs_for_its_duration():
+    res = simulate([TraceJob("j", "t", 10.0, 100.0, 2)], shared_cluster(1), "fifo")
+    (r,) = res.jobs
+    assert (r.first_start, r.finish) == (10.0, 110.0)
+    rep = summarise(res)
+    assert rep.avg_jct == 100.0 and rep.avg_delay == 0.0 and rep.makespan == 100.0
+
+
+def test_jobs_queue_fifo_on_a_full_cluster():
+    jobs = [TraceJob(f"j{i}", "t", float(i), 100.0, 8) for i in range(3)]
+    res = simulate(jobs, shared_cluster(1), "fifo")
+    assert [r.finish for r in res.jobs] == [100.0, 200.0, 300.0]
+
+
+def test_reclaim_preempts_and_charges_checkpoint_and_restore_cost():
+    # a borrows the whole 8-GPU node at t=0; b (guarantee 4) arrives at t=1000.
+    cluster = SimCluster(
+        build_nodes(1), (Quota("a", "default", 4), Quota("b", "default", 4))
+    )
+    jobs = [TraceJob("a1", "a", 0.0, 5000.0, 8), TraceJob("b1", "b", 1000.0, 100.0, 4)]
+    cfg = SimConfig(checkpoint_every_s=300.0, restore_s=60.0)
+    res = simulate(jobs, cluster, "fair", cfg)
+    a1, b1 = res.jobs
+    assert a1.preemptions == 1 and b1.first_start == 1000.0 and b1.finish == 1100.0
+    # a1 keeps 900 s (checkpoints at 300, 600, 900), loses 100 s x 8 GPUs, restarts at
+    # 1100 when b1 ends, then runs 4100 s + 60 s restore.
+    assert a1.lost_gpu_s == 800.0
+    assert a1.finish == 1100.0 + 4100.0 + 60.0
+    assert summarise(res).preemptions == 1
+    assert simulate(jobs, cluster, "fifo", cfg).jobs[0].preemptions == 0
+
+
+def test_a_job_larger_than_the_cluster_is_rejected_not_waited_for():
+    res = simulate([TraceJob("j", "t", 0.0, 10.0, 64)], shared_cluster(2), "fair")
+    rep = summarise(res)
+    assert (
+        rep.rejected == 1
+        and rep.unfinished == 0
+        and "could never fit" in res.jobs[0].rejected
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    policy=st.sampled_from(["fifo", "backfill", "fair"]),
+    n=st.integers(1, 60),
+)
+def test_every_job_of_a_finite_trace_finishes(seed, policy, n):
+    teams = {"a": 2, "b": 2, "c": 2}
+    jobs = synthetic(
+        n,
+        {t: 1.0 for t in teams},
+        seed=seed,
+        mean_interarrival=30.0,
+        median_duration=300.0,
+    )
+    cluster = team_cluster(teams, 1.0, nodes_per_rack=2)
+    res = simulate(
+        jobs,
+        cluster,
+        policy,
+        SimConfig(runtime_limit_factor=1.5, checkpoint_every_s=120.0),
+    )
+    assert res.unfinished == 0
+    for r in res.jobs:
+        assert (
+            r.rejected is None
+        )  # every synthetic gang (<= 16 GPUs) fits every partition
+        assert r.first_start >= r.job.submit
+        assert r.finish - r.first_start >= r.job.duration - 1e-6
+    rep = summarise(res)
+    assert rep.finished == n and 0 < rep.utilisation <= 1.0 + 1e-9
+    assert (
+        summarise(
+            simulate(
+                jobs,
+                cluster,
+                policy,
+                SimConfig(runtime_limit_factor=1.5, checkpoint_every_s=120.0),
+            )
+        )
+        == rep
+    )
+
+
+def test_fair_beats_fifo_on_average_jct_when_partitions_are_unbalanced():
+    jobs = synthetic(300, {"busy": 10.0, "idle": 0.2}, seed=7, mean_interarrival=20.0)
+    cluster = team_cluster({"busy": 2, "idle": 2}, 1.0)
+    fifo = summarise(simulate(jobs, cluster, "fifo"))
+    fair = summarise(simulate(jobs, cluster, "fair"))
+    assert fair.finished == fifo.finished == 300
+    assert fair.avg_jct < 0.8 * fifo.avg_jct
+    assert fair.team_share["busy"][0] > 0.5
+
+
+def test_percentile_nearest_rank():
+    assert percentile([], 99) == 0.0
+    assert percentile([5.0], 50) == 5.0
+    values = [float(i) for i in range(1, 101)]
+    assert percentile(values, 50) == 50.0 and percentile(values, 99) == 99.0
+    assert percentile(values, 100) == 100.0
