@@ -61,3 +61,25 @@ def test_replicas_survive_a_control_plane_restart(control_plane):
             if r["status"] in ("PENDING", "STARTING", "READY")]
     assert len(live) == 2
     api("DELETE", "/v1/services/steady")
+
+
+def test_kill9_at_several_points_of_a_workload_every_job_ends_once(control_plane, admin, tmp_path):
+    marker = tmp_path / "starts"
+    cmd = f"echo $AICLUSTER_JOB_ID >> {marker}; sleep 0.5"
+    jobs = []
+    # Three kills at different points: right after a burst of submissions (jobs pending and
+    # launching), once the first jobs run, and once most have finished.
+    kill_after = {5: lambda: True, 13: marker.exists, 23: lambda: len(marker.read_text().split()) >= 12}
+    for i in range(24):
+        jobs.append(admin.submit({"kind": "job", "name": f"chaos-{i}", "command": cmd,
+                                  "resources": {"cpus": 1}}, None)["id"])  # fmt: skip
+        if i in kill_after:
+            wait_for(kill_after[i], timeout=60, what=f"the point of kill after job {i}")
+            control_plane.kill9()
+            control_plane.start()
+            admin = control_plane.client()
+    ends = [control_plane.client().wait(j, TERMINAL, timeout=120) for j in jobs]
+    assert [e["status"] for e in ends] == ["SUCCEEDED"] * len(jobs), [
+        (e["id"], e["status"], e["message"]) for e in ends if e["status"] != "SUCCEEDED"]
+    starts = marker.read_text().split()
+    assert sorted(starts) == sorted(jobs), "every job ran, and exactly once"
