@@ -60,3 +60,26 @@ def test_gateway_and_replica_metrics(control_plane):
     assert ttfb == 3
     assert value(m, "aicluster_gateway_request_seconds_count", team="default", service="metered") == 3
     httpx.delete(control_plane.url + "/v1/services/metered", headers=headers)
+
+
+def test_metrics_agree_with_the_api(control_plane, admin):
+    job = admin.submit({"kind": "job", "name": "holder", "workers": 2,
+                        "resources": {"gpus": 1, "cpus": 1}, "command": "sleep 600"}, None)  # fmt: skip
+    admin.wait(job["id"], {"RUNNING"}, timeout=60)
+    try:
+        m = scrape(control_plane)
+        nodes = [n for n in admin.nodes() if n["alive"]]
+        for pool in {n["pool"] for n in nodes}:
+            mine = [n for n in nodes if n["pool"] == pool]
+            assert value(m, "aicluster_gpus", pool=pool, kind="total") == sum(n["gpus"] for n in mine)
+            assert value(m, "aicluster_gpus", pool=pool, kind="allocated") == sum(
+                n["allocated"]["gpus"] for n in mine)
+            for state in {n["state"] for n in mine}:
+                count = sum(1 for n in mine if n["state"] == state)
+                assert value(m, "aicluster_nodes", pool=pool, state=state) == count
+        assert value(m, "aicluster_team_gpus_allocated", team="default") >= 2
+        running = len(admin.jobs(status=["RUNNING"]))
+        assert sum(v for (name, labels), v in m.items()
+                   if name == "aicluster_jobs" and ("status", "RUNNING") in labels) == running
+    finally:
+        admin.cancel(job["id"])

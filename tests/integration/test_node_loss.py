@@ -40,3 +40,46 @@ def test_node_death_fails_or_requeues_its_jobs(ray_cluster, admin):
     assert any(e["type"] == "NodeLost" for e in admin.events())
     for job in (retry, bystander):
         admin.cancel(job["id"])
+
+
+def test_checkpointing_job_resumes_on_healthy_nodes_after_node_death(ray_cluster, admin):
+    """A 2-worker DDP job loses a node mid-training: the attempt ends node_lost, the job
+    runs again on the remaining nodes, resumes from its last checkpoint and succeeds."""
+    import re
+    from pathlib import Path
+
+    from aicluster.cli.sdk import pack_workdir
+
+    cluster, _ = ray_cluster
+    labels = {POOL_LABEL: "ckpt", GPU_MODEL_LABEL: "V100"}
+    nodes = [cluster.add_node(num_cpus=2, num_gpus=1, labels=labels, **COMMON_NODE_ARGS)
+             for _ in range(3)]  # fmt: skip
+    wait_for(lambda: sum(n["gpu_model"] == "V100" and n["alive"] for n in admin.nodes()) == 3,
+             what="three V100 nodes")  # fmt: skip
+    example = Path(__file__).resolve().parents[2] / "examples" / "ddp-train"
+    spec = {"kind": "job", "name": "ddp-survivor", "workers": 2, "max_restarts": 1,
+            "resources": {"cpus": 1, "gpus": 1, "gpu_model": "V100"}, "working_dir": ".",
+            "command": "python train.py --steps 6000 --checkpoint-every 250"}  # fmt: skip
+    job = admin.submit(spec, pack_workdir(example))
+    first = admin.wait(job["id"], {"RUNNING"}, timeout=60)
+    wait_for(lambda: b"checkpoint saved step 1000 " in admin.logs(job["id"])[0], timeout=120,
+             interval=0.2, what="a few checkpoints")  # fmt: skip
+    victim_id = first["placement"][1]
+    victim = next(n for n in nodes if n.node_id == victim_id)
+    cluster.remove_node(victim, allow_graceful=False)
+
+    done = admin.wait(job["id"], {"SUCCEEDED", "FAILED"}, timeout=240)
+    assert done["status"] == "SUCCEEDED", done
+    assert done["attempt"] == 2 and done["restarts"] == 1
+    assert victim_id not in done["placement"]
+    requeue = [e for e in done["events"] if e["reason"] == "requeued"]
+    assert requeue and requeue[0]["message"].startswith("node_lost")
+    log2 = admin.logs(job["id"], rank=0)[0].decode()
+    resumed = int(re.search(r"resumed from step (\d+)", log2).group(1))
+    assert resumed >= 1000
+    hashes = {re.search(r"params_sha256 (\w+)", admin.logs(job["id"], rank=r)[0].decode()).group(1)
+              for r in range(2)}  # fmt: skip
+    assert len(hashes) == 1, "both ranks end with identical parameters"
+    for node in nodes:
+        if node is not victim:
+            cluster.remove_node(node, allow_graceful=True)

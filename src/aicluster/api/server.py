@@ -73,6 +73,7 @@ class ControlPlane:
         from aicluster.control.service import Services
         from aicluster.engine.ray_engine import RayEngine
         from aicluster.store.db import open_store
+        from aicluster.web.routes import web_router
 
         self.home, self.host, self.port, self.tick_s = home, host, port, tick_s
         self.store = open_store(home / "state.db")
@@ -95,7 +96,8 @@ class ControlPlane:
         self.services = ServiceLoop(service_store, self.engine, logs, table, notify=wake)
         self.controller.sources.append(self.services)
         ops = ServiceOps(service_store, table, notify=wake)
-        self.metrics.add_state(StateCollector(self.store, self.engine, self.services))
+        self.metrics.add_state(StateCollector(self.store, self.engine, self.services,
+                                              node_states=self.node_loop.nodes.all))  # fmt: skip
         self.gateway = Gateway(table, self.store.authenticate, metrics=self.metrics)
         from aicluster.api.artifacts_routes import artifact_router
         from aicluster.control.artifacts import ArtifactService
@@ -108,7 +110,7 @@ class ControlPlane:
                      quotas=quotas, queue=lambda: self.controller.queue),
             routers=[lambda p: services_router(ops, p), lambda _p: self.gateway.router(),
                      lambda p: artifact_router(self.artifacts, p),
-                     lambda p: metrics_router(self.metrics, p)],
+                     lambda p: metrics_router(self.metrics, p), lambda p: web_router(p)],
         )  # fmt: skip
 
     def _loop(self) -> None:

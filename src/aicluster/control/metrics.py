@@ -55,8 +55,9 @@ class Metrics:
 class StateCollector:
     """Reads the store and the engine on every scrape."""
 
-    def __init__(self, store, engine, services=None, clock=time.time):
+    def __init__(self, store, engine, services=None, clock=time.time, node_states=None):
         self.store, self.engine, self.services, self.clock = store, engine, services, clock
+        self.node_states = node_states  # callable -> {node id: NodeRecord}, or None
 
     def describe(self):
         return []
@@ -71,7 +72,12 @@ class StateCollector:
             views += self.services.active_workloads()
         used = allocations(views)
         n_state = GaugeMetricFamily("aicluster_nodes", "Nodes by pool and state", labels=["pool", "state"])
-        counts = Counter((n.pool, "Ready" if n.alive else "Down") for n in nodes)
+        states = self.node_states() if self.node_states is not None else {}
+        counts = Counter(
+            (n.pool, states[n.node_id].state.value if n.node_id in states
+             else ("Ready" if n.alive else "Down"))
+            for n in nodes
+        )  # fmt: skip
         for (pool, state), k in sorted(counts.items()):
             n_state.add_metric([pool, state], k)
         yield n_state
