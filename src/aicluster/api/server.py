@@ -104,10 +104,12 @@ class ControlPlane:
         from aicluster.store.artifacts import ArtifactStore
 
         self.artifacts = ArtifactService(ArtifactStore.open(self.store, home))
+        self.controller.artifacts = self.artifacts
         self.app = create_app(
             Services(self.store, self.engine, logs, workdirs, notify=wake,
                      other_workloads=self.services.active_workloads, node_loop=self.node_loop,
-                     quotas=quotas, queue=lambda: self.controller.queue),
+                     quotas=quotas, queue=lambda: self.controller.queue,
+                     artifacts=self.artifacts),
             routers=[lambda p: services_router(ops, p), lambda _p: self.gateway.router(),
                      lambda p: artifact_router(self.artifacts, p),
                      lambda p: metrics_router(self.metrics, p), lambda p: web_router(p)],

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
@@ -41,7 +42,7 @@ class Controller:
     def __init__(
         self, store: Store, engine: Engine, logs: LogStore, workdirs: Path, home: Path,
         clock=time.time, launch_threads: int = 4, notify=lambda: None, metrics=None,
-        node_loop=None, policy: str = DEFAULT_POLICY, quotas=None,
+        node_loop=None, policy: str = DEFAULT_POLICY, quotas=None, artifacts=None,
     ):  # fmt: skip
         self.store, self.engine, self.logs = store, engine, logs
         self.notify = notify
@@ -51,6 +52,7 @@ class Controller:
         self.policy = policy
         self.quotas = quotas  # store.quotas.QuotaStore, or None (no quotas)
         self.queue: list[tuple[str, str]] = []  # last cycle: (workload id, why it waits)
+        self.artifacts = artifacts  # control.artifacts.ArtifactService: job inputs/outputs
         self.workdirs, self.home, self.clock = workdirs, home, clock
         self.launching: dict[str, Future] = {}
         self.pool = ThreadPoolExecutor(launch_threads, thread_name_prefix="launch")
@@ -206,11 +208,55 @@ class Controller:
                 exit_code=first.exit_code,
             )  # fmt: skip
         elif states and all(s.exit_code == 0 for s in states):
+            try:
+                produced = self._push_outputs(job)
+            except Exception as exc:  # noqa: BLE001 - any storage failure fails the job
+                self.engine.stop(job.id, job.attempt, len(states))
+                self.store.transition(job.id, JobStatus.RUNNING, JobStatus.FAILED,
+                                      Reason.OUTPUT_FAILED, f"{type(exc).__name__}: {exc}")  # fmt: skip
+                return
             self.engine.stop(job.id, job.attempt, len(states))
+            message = "all workers exited 0" + (f"; produced {', '.join(produced)}" if produced else "")
             self.store.transition(
-                job.id, JobStatus.RUNNING, JobStatus.SUCCEEDED, Reason.COMPLETED,
-                "all workers exited 0", exit_code=0,
+                job.id, JobStatus.RUNNING, JobStatus.SUCCEEDED, Reason.COMPLETED, message,
+                exit_code=0,
             )  # fmt: skip
+
+    def _push_outputs(self, job: JobRecord) -> list[str]:
+        """Push rank 0's outputs as new artifact versions: the control plane opens the
+        upload, rank 0's node writes the blobs storage lacks, the control plane commits."""
+        from aicluster.store.artifacts.backend import load_storage_config
+        from aicluster.store.artifacts.names import parse_ref
+
+        outputs = job.spec.get("outputs") or []
+        if not outputs:
+            return []
+        store, storage = self.artifacts.artifacts, load_storage_config(self.home)
+        produced = []
+        for out in outputs:
+            ref = parse_ref(out["artifact"], default_team=job.team)
+            files = self.engine.scan_output(job.id, job.attempt, out["path"])
+            up, missing = store.begin_upload(ref, out.get("kind", "model"), files,
+                                             producer_job=job.id, created_by=job.owner)  # fmt: skip
+            self.engine.upload_output(job.id, job.attempt, out["path"], missing, storage)
+            v = store.commit(up.id)
+            produced.append(f"{v.team}/{v.name}:{v.version}")
+        return produced
+
+    def _resolve_inputs(self, rec: JobRecord) -> tuple[tuple[dict, ...], object | None]:
+        """Manifests of the job's inputs, read as its owner, and where blobs come from."""
+        inputs = rec.spec.get("inputs") or []
+        if not inputs:
+            return (), None
+        from aicluster.store.artifacts.backend import load_storage_config
+
+        who = self.store.get_user(rec.owner)
+        out = []
+        for inp in inputs:
+            name = inp["artifact"] if "/" in inp["artifact"] else f"{rec.team}/{inp['artifact']}"
+            _version, manifest = self.artifacts.version(who, name)
+            out.append({"path": inp["path"], "env": inp.get("env"), "manifest": manifest.to_json()})
+        return tuple(out), load_storage_config(self.home)
 
     def pull_logs(self, job: JobRecord):
         """Append every new log byte of the current attempt; return the worker states."""
@@ -298,7 +344,13 @@ class Controller:
         if rec is None:
             return  # cancelled meanwhile
         try:
-            req = self._launch_request(rec, attempt)
+            inputs, storage = self._resolve_inputs(rec)
+        except Exception as exc:  # noqa: BLE001 - deleted, unshared, storage down
+            self.store.transition(rec.id, JobStatus.ADMITTED, JobStatus.FAILED,
+                                  Reason.INPUT_UNAVAILABLE, str(exc).strip("'\""))  # fmt: skip
+            return
+        try:
+            req = replace(self._launch_request(rec, attempt), inputs=inputs, storage=storage)
         except (OSError, ValueError) as exc:
             self._end_attempt(rec, Reason.LAUNCH_FAILED, f"cannot prepare the launch: {exc}")
             return

@@ -49,6 +49,7 @@ class Services:
     other_workloads: Callable[[], list] = field(default=lambda: [])
     node_loop: object | None = None  # control.nodes_loop.NodeLoop: states, cordon, drain
     quotas: object | None = None  # store.quotas.QuotaStore
+    artifacts: object | None = None  # control.artifacts.ArtifactService (job inputs)
     queue: Callable[[], list] = field(default=lambda: [])  # last cycle's (workload, reason)
 
     # -- quotas and the queue --------------------------------------------------------
@@ -121,6 +122,7 @@ class Services:
             )
         if not self.store.team_exists(spec.team):
             raise SpecError("request body", [SpecIssue("team", f"team {spec.team!r} does not exist")])
+        self._check_artifacts(who, spec)
         blob = _decode_workdir(workdir_b64)
         ref = None
         if blob is not None:  # stored before the job exists, so a launch always finds it
@@ -132,6 +134,31 @@ class Services:
         job = self.store.create_job(spec.model_dump(mode="json"), who.user, ref)
         self.notify()
         return job
+
+    def _check_artifacts(self, who: Principal, spec: JobSpec) -> None:
+        """Inputs must be readable by the submitter, outputs must belong to the job's team."""
+        if not spec.inputs and not spec.outputs:
+            return
+        from aicluster.store.artifacts.names import parse_ref
+
+        issues = []
+        for i, inp in enumerate(spec.inputs):
+            try:
+                self.artifacts.version(who, inp.artifact if "/" in inp.artifact
+                                       else f"{spec.team}/{inp.artifact}")  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - not found, not shared, bad name
+                issues.append(SpecIssue(f"inputs.{i}.artifact", str(exc).strip("'\"")))
+        for i, out in enumerate(spec.outputs):
+            try:
+                team = parse_ref(out.artifact, default_team=spec.team).team
+            except Exception as exc:  # noqa: BLE001 - a malformed name
+                issues.append(SpecIssue(f"outputs.{i}.artifact", str(exc)))
+                continue
+            if team != spec.team:
+                issues.append(SpecIssue(f"outputs.{i}.artifact",
+                                        f"outputs go to the job's team {spec.team!r}"))  # fmt: skip
+        if issues:
+            raise SpecError("request body", issues)
 
     def list_jobs(
         self, who: Principal, statuses: list[str] | None, team: str | None

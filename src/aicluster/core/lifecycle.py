@@ -37,6 +37,8 @@ class Reason(StrEnum):
     NODE_UNHEALTHY = "node_unhealthy"  # a worker died on a node its health checks failed
     NODE_DRAINED = "node_drained"  # stopped at the end of its node's drain grace period
     PREEMPTED = "preempted"  # stopped by the scheduler to give capacity back to a team
+    INPUT_UNAVAILABLE = "input_unavailable"  # an input artifact cannot be read
+    OUTPUT_FAILED = "output_failed"  # the command succeeded but an output could not be stored
     LAUNCH_FAILED = "launch_failed"  # the engine could not start the gang
     WORKER_LOST = "worker_lost"  # a worker process vanished while the node lives
     CANCELLED_BY_USER = "cancelled_by_user"

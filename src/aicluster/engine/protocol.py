@@ -35,6 +35,8 @@ class LaunchRequest:
     command: str | list[str]
     env: dict[str, str]
     workdir: bytes | None
+    inputs: tuple[dict, ...] = ()  # {"path", "env", "manifest": JSON bytes}
+    storage: object | None = None  # StorageConfig the nodes fetch input blobs from
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,8 @@ class RayEngine:
                     )  # fmt: skip
                 )
                 env["AICLUSTER_NODE_ID"] = where[rank]["node_id"]
-                starts.append(actor.start.remote(req.command, env, workdir))
+                starts.append(actor.start.remote(req.command, env, workdir, list(req.inputs),
+                                                 req.storage))  # fmt: skip
             ray.get(starts, timeout=self.launch_timeout)
             return master_addr, master_port
         except LaunchError:
@@ -199,6 +200,20 @@ class RayEngine:
             remove_placement_group(pg)
         except ValueError:
             pass
+
+    def scan_output(self, job_id: str, attempt: int, path: str) -> list[dict]:
+        """Rank 0's output folder as file entries (path, size, sha256)."""
+        actor = self._actor(job_id, attempt, 0)
+        if actor is None:
+            raise LaunchError("rank 0 is gone; its outputs cannot be read")
+        return ray.get(actor.scan_output.remote(path), timeout=600)
+
+    def upload_output(self, job_id: str, attempt: int, path: str, digests: list[str],
+                      storage) -> int:  # fmt: skip
+        actor = self._actor(job_id, attempt, 0)
+        if actor is None:
+            raise LaunchError("rank 0 is gone; its outputs cannot be read")
+        return ray.get(actor.upload_output.remote(path, digests, storage), timeout=3600)
 
     def running_gangs(self) -> set[tuple[str, int]]:
         """(job id, attempt) of every gang that still has a named actor or placement group."""

@@ -61,7 +61,10 @@ class WorkerProcess:
     def node_address(self, host: str) -> tuple[str, int]:
         return host, free_port(host)
 
-    def start(self, command, env: dict[str, str], workdir: bytes | None) -> int:
+    def start(self, command, env: dict[str, str], workdir: bytes | None,
+              inputs: list[dict] | None = None, storage=None) -> int:  # fmt: skip
+        """`inputs`: [{"path", "env", "manifest": JSON bytes}] materialised read-only under
+        the working directory first, from `storage` (a StorageConfig) via the node cache."""
         if self.proc is not None:
             return self.proc.pid  # idempotent: never start twice
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -69,6 +72,10 @@ class WorkerProcess:
         extract_workdir(workdir, cwd)
         full_env = dict(os.environ)
         full_env.update(env)
+        for item in inputs or []:
+            dest = materialise_input(item, cwd, storage)
+            if item.get("env"):
+                full_env[item["env"]] = str(dest)
         bindir = os.path.dirname(sys.executable)
         full_env["PATH"] = bindir + os.pathsep + full_env.get("PATH", "")
         full_env["PYTHONUNBUFFERED"] = "1"
@@ -132,4 +139,48 @@ class WorkerProcess:
             pass
 
     def cleanup(self) -> None:
+        for dirpath, _, _ in os.walk(self.dir):  # inputs are read-only folders
+            os.chmod(dirpath, 0o755)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- outputs (rank 0, after the command exited 0) -----------------------------------
+
+    def scan_output(self, path: str) -> list[dict]:
+        from aicluster.store.artifacts.manifest import scan_folder
+
+        target = self.dir / "workdir" / path
+        if not target.exists():
+            raise FileNotFoundError(f"output {path!r} does not exist in the working directory")
+        return [{"path": e.path, "size": e.size, "sha256": e.sha256} for e, _ in scan_folder(target)]
+
+    def upload_output(self, path: str, digests: list[str], storage) -> int:
+        """Write the named blobs of the output to storage; returns the bytes written."""
+        from aicluster.store.artifacts.backend import open_backend
+        from aicluster.store.artifacts.manifest import scan_folder
+
+        backend = open_backend(storage)
+        want, written = set(digests), 0
+        for entry, file in scan_folder(self.dir / "workdir" / path):
+            if entry.sha256 in want:
+                want.discard(entry.sha256)
+                with open(file, "rb") as f:
+                    backend.write_blob(entry.sha256, iter(lambda: f.read(1 << 20), b""))
+                written += entry.size
+        return written
+
+
+def node_cache_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"aicluster-cache-{os.getuid()}"
+
+
+def materialise_input(item: dict, cwd: Path, storage) -> Path:
+    from aicluster.runtime.cache import BlobCache
+    from aicluster.store.artifacts.backend import open_backend
+    from aicluster.store.artifacts.manifest import Manifest
+
+    manifest = Manifest.from_json(item["manifest"])
+    cache = BlobCache(node_cache_root(), int(os.environ.get("AICLUSTER_CACHE_BYTES", 20 * 2**30)))
+    dest = cwd / item["path"]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    cache.materialise(manifest, dest, open_backend(storage).iter_blob)
+    return dest

@@ -75,6 +75,42 @@ class Resources(Strict):
         return v
 
 
+def _relative(path: str) -> str:
+    parts = path.replace("\\", "/").split("/")
+    if not path.strip() or path.startswith("/") or ".." in parts:
+        raise ValueError("must be a relative path inside the working directory (no '..')")
+    return path
+
+
+class JobInput(Strict):
+    """An artifact materialised read-only at `path` (relative to the working dir) before
+    the command starts; `env` names a variable that holds its absolute path."""
+
+    artifact: str = Field(min_length=1, description="[team/]name[:version|tag]")
+    path: str = Field(description="where it appears, relative to the working directory")
+    env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+    _path = field_validator("path")(lambda cls, v: _relative(v))
+
+
+class JobOutput(Strict):
+    """A folder (or file) rank 0 leaves at `path`, pushed as a new version of `artifact`
+    when the job succeeds."""
+
+    path: str
+    artifact: str = Field(min_length=1, description="[team/]name; a new version is created")
+    kind: Literal["dataset", "checkpoint", "model"] = "model"
+
+    _path = field_validator("path")(lambda cls, v: _relative(v))
+
+    @field_validator("artifact")
+    @classmethod
+    def _no_version(cls, v: str) -> str:
+        if ":" in v:
+            raise ValueError("name the artifact without a version: outputs create a new one")
+        return v
+
+
 class JobSpec(Strict):
     kind: Literal["job"] = "job"
     name: str = Field(pattern=_NAME, description="lowercase letters, digits and '-'")
@@ -88,6 +124,8 @@ class JobSpec(Strict):
     )
     priority: int = Field(default=0, ge=-1000, le=1000, strict=True)
     max_restarts: int = Field(default=0, ge=0, le=100, strict=True)
+    inputs: list[JobInput] = Field(default_factory=list)
+    outputs: list[JobOutput] = Field(default_factory=list)
     max_pending_seconds: float | None = Field(
         default=None,
         gt=0,
