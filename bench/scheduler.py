@@ -97,15 +97,18 @@ def policy_table(
 
 def share_table(reports: dict) -> Table:
     t = Table(
-        title="philly: each team's share of GPU time (guarantee share in brackets)"
+        title="philly per team: share of all GPU time / GPUs held vs guarantee while it had "
+        "gangs queued (1.00 = its whole guarantee)"
     )
-    t.add_column("team")
+    t.add_column("team [guarantee share]")
     for name in reports:
         t.add_column(name, justify="right")
     first = next(iter(reports.values()))
     for team, (_, guarantee) in first.team_share.items():
         cells = [
-            f"{r.team_share.get(team, (0.0, 0.0))[0]:.1%}" for r in reports.values()
+            f"{r.team_share.get(team, (0.0, 0.0))[0]:.1%} / "
+            f"{r.held_while_queued.get(team, float('nan')):.2f}"
+            for r in reports.values()
         ]
         t.add_row(f"{team} [{guarantee:.1%}]", *cells)
     return t

@@ -60,3 +60,66 @@ def test_missing_output_fails_the_job(admin):
     done = admin.wait(job["id"], TERMINAL, timeout=60)
     assert done["status"] == "FAILED" and done["reason"] == "output_failed"
     assert "never-made" in done["message"]
+
+
+CKPT_SCRIPT = """
+import pathlib, sys, time
+from aicluster.runtime import checkpoint
+
+found = checkpoint.latest()
+if found is not None:
+    print("resumed from", (found / "state.txt").read_text().strip(), flush=True)
+    sys.exit(0)
+state = pathlib.Path("work"); state.mkdir()
+(state / "state.txt").write_text("step 5 on " + __import__("os").environ["AICLUSTER_NODE_ID"])
+print("saved", checkpoint.save(state, step=5), flush=True)
+time.sleep(600)
+"""
+
+
+def test_job_resumes_from_an_artifact_checkpoint_on_another_node(ray_cluster, control_plane, admin,
+                                                                 tmp_path):  # fmt: skip
+    from aicluster.cli.sdk import pack_workdir
+    from aicluster.engine.protocol import GPU_MODEL_LABEL, POOL_LABEL
+    from harness import COMMON_NODE_ARGS, wait_for
+
+    cluster, _ = ray_cluster
+    labels = {POOL_LABEL: "ckpt2", GPU_MODEL_LABEL: "P100"}
+    nodes = [cluster.add_node(num_cpus=1, num_gpus=1, labels=labels, **COMMON_NODE_ARGS)
+             for _ in range(2)]  # fmt: skip
+    wait_for(lambda: sum(n["gpu_model"] == "P100" and n["alive"] for n in admin.nodes()) == 2,
+             what="two P100 nodes")  # fmt: skip
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "job.py").write_text(CKPT_SCRIPT)
+    spec = {"kind": "job", "name": "ckpt-mover", "working_dir": ".", "command": "python job.py",
+            "max_restarts": 1, "resources": {"cpus": 1, "gpus": 1, "gpu_model": "P100"}}  # fmt: skip
+    job = admin.submit(spec, pack_workdir(tmp_path / "code"))
+    first = admin.wait(job["id"], {"RUNNING"}, timeout=60)
+    wait_for(lambda: b"saved default/ckpt-mover-ckpt:" in admin.logs(job["id"])[0], timeout=60,
+             what="the checkpoint to be saved")  # fmt: skip
+    victim = next(n for n in nodes if n.node_id == first["placement"][0])
+    cluster.remove_node(victim, allow_graceful=False)
+    done = admin.wait(job["id"], {"SUCCEEDED", "FAILED"}, timeout=120)
+    assert done["status"] == "SUCCEEDED", done
+    assert done["attempt"] == 2 and done["placement"] != first["placement"]
+    log = admin.logs(job["id"])[0].decode()
+    first_log = admin.logs(job["id"], attempt=1)[0].decode()
+    assert f"resumed from step 5 on {victim.node_id}" in log, (first, done, first_log, log)
+    ckpt = artifacts_sdk.version(admin, "default/ckpt-mover-ckpt:latest")
+    assert ckpt["kind"] == "checkpoint" and ckpt["metadata"] == {"step": 5}
+    # Each attempt got a token of the job's owner; all are revoked once the job ended.
+    import sqlite3
+
+    def job_tokens():
+        db = sqlite3.connect(control_plane.home / "state.db")
+        try:
+            return db.execute("SELECT revoked FROM tokens WHERE job_id = ?", (job["id"],)).fetchall()
+        finally:
+            db.close()
+
+    wait_for(lambda: (rows := job_tokens()) and all(r[0] for r in rows), timeout=30,
+             what="the job's tokens to be revoked")  # fmt: skip
+    assert len(job_tokens()) == 2
+    for n in nodes:
+        if n is not victim:
+            cluster.remove_node(n, allow_graceful=True)

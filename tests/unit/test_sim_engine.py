@@ -192,3 +192,12 @@ def test_percentile_nearest_rank():
     values = [float(i) for i in range(1, 101)]
     assert percentile(values, 50) == 50.0 and percentile(values, 99) == 99.0
     assert percentile(values, 100) == 100.0
+
+
+def test_held_while_queued_shows_who_had_its_guarantee():
+    jobs = synthetic(200, {"busy": 10.0, "idle": 0.2}, seed=7, mean_interarrival=20.0)
+    cluster = team_cluster({"busy": 2, "idle": 2}, 1.0)
+    fifo = summarise(simulate(jobs, cluster, "fifo"))
+    fair = summarise(simulate(jobs, cluster, "fair"))
+    assert fifo.held_while_queued["busy"] <= 1.0 + 1e-9  # never above its guarantee
+    assert fair.held_while_queued["busy"] > 1.2  # it borrowed the idle team's GPUs

@@ -90,7 +90,8 @@ class ControlPlane:
         quotas = QuotaStore(self.store)
         self.controller = Controller(self.store, self.engine, logs, workdirs, home, notify=wake,
                                      metrics=self.metrics, node_loop=self.node_loop,
-                                     policy=policy, quotas=quotas)  # fmt: skip
+                                     policy=policy, quotas=quotas,
+                                     api_url=f"http://{host}:{port}")  # fmt: skip
         table = EndpointTable()
         service_store = ServiceStore(self.store)
         self.services = ServiceLoop(service_store, self.engine, logs, table, notify=wake)

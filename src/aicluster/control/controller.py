@@ -22,7 +22,7 @@ from typing import Protocol
 
 from aicluster.control.logs import LogStore
 from aicluster.control.snapshot import build_snapshot, job_workload
-from aicluster.core.scheduler import DEFAULT_POLICY, plan_cycle
+from aicluster.core.scheduler import DEFAULT_POLICY, get_policy, plan_cycle
 from aicluster.core.lifecycle import JobStatus, Reason, failure_is_retryable
 from aicluster.core.model import Admit, Preempt, Wait
 from aicluster.core.nodestate import NodeState
@@ -43,16 +43,18 @@ class Controller:
         self, store: Store, engine: Engine, logs: LogStore, workdirs: Path, home: Path,
         clock=time.time, launch_threads: int = 4, notify=lambda: None, metrics=None,
         node_loop=None, policy: str = DEFAULT_POLICY, quotas=None, artifacts=None,
+        api_url: str | None = None,
     ):  # fmt: skip
         self.store, self.engine, self.logs = store, engine, logs
         self.notify = notify
         self.metrics = metrics  # control.metrics.Metrics, or None
         self.node_loop = node_loop  # control.nodes_loop.NodeLoop, or None (all nodes Ready)
         self.node_states: dict = {}  # node id -> NodeRecord, as of this tick
-        self.policy = policy
+        self.policy = get_policy(policy)  # one object across cycles: it caches the layout
         self.quotas = quotas  # store.quotas.QuotaStore, or None (no quotas)
         self.queue: list[tuple[str, str]] = []  # last cycle: (workload id, why it waits)
         self.artifacts = artifacts  # control.artifacts.ArtifactService: job inputs/outputs
+        self.api_url = api_url  # given to workers (with a job token) for runtime.checkpoint
         self.workdirs, self.home, self.clock = workdirs, home, clock
         self.launching: dict[str, Future] = {}
         self.pool = ThreadPoolExecutor(launch_threads, thread_name_prefix="launch")
@@ -366,6 +368,9 @@ class Controller:
             AICLUSTER_ATTEMPT=str(attempt), AICLUSTER_RESTARTS=str(rec.restarts),
             AICLUSTER_CHECKPOINT_DIR=str(self.home / "checkpoints" / rec.team / rec.name),
         )  # fmt: skip
+        if self.api_url:  # the job acts as its owner until it ends (runtime.checkpoint)
+            env.update(AICLUSTER_URL=self.api_url,
+                       AICLUSTER_TOKEN=self.store.create_token(rec.owner, job_id=rec.id))  # fmt: skip
         workdir = (self.workdirs / rec.workdir).read_bytes() if rec.workdir else None
         return LaunchRequest(
             job_id=rec.id, attempt=attempt, placement=tuple(rec.placement),
@@ -386,7 +391,9 @@ class Controller:
     # -- garbage --------------------------------------------------------------------
 
     def collect_garbage(self) -> None:
-        """Stop gangs that no live attempt owns (cancelled mid-launch, crashed, stale)."""
+        """Stop gangs that no live attempt owns (cancelled mid-launch, crashed, stale);
+        revoke the tokens of jobs that ended."""
+        self.store.revoke_tokens_of_finished_jobs()
         for job_id, attempt in self.engine.running_gangs():
             if job_id in self.launching or any(src.owns(job_id) for src in self.sources):
                 continue

@@ -74,6 +74,8 @@ class SimResult:
     cluster: SimCluster
     cycles: int = 0
     gpu_s_by_team: dict[str, float] = field(default_factory=dict)
+    # per team: (seconds with gangs queued, GPU-seconds held during those seconds)
+    queued_by_team: dict[str, tuple[float, float]] = field(default_factory=dict)
     unfinished: int = 0
 
 
@@ -91,6 +93,10 @@ class _Sim:
         self.usage: dict[tuple[str, str], Res] = {}
         self.finishes: list[tuple[float, int, int]] = []  # (time, record, version)
         self.gpu_s: Counter = Counter()
+        self.team_gpus: Counter = Counter()  # GPUs each team holds now
+        self.queued: dict[
+            str, list[float]
+        ] = {}  # team -> [seconds queued, GPU-s held then]
         self.cycles = 0
 
     def _gang(self, j: TraceJob) -> GangRequest:
@@ -139,6 +145,7 @@ class _Sim:
                 v, allocated=v.allocated + delta if sign > 0 else v.allocated - delta
             )
         key = (run.gang.team, run.pool)
+        self.team_gpus[run.gang.team] += sign * run.gang.total.gpus
         total = run.gang.total
         self.usage[key] = (
             self.usage.get(key, Res()) + total if sign > 0 else self.usage[key] - total
@@ -206,8 +213,18 @@ class _Sim:
                 preempted = True
         return preempted
 
+    def _account(self, since: float, now: float) -> None:
+        """Time each team spent with gangs queued, and the GPUs it held meanwhile."""
+        if now > since:
+            for team, q in self.queues.items():
+                if q:
+                    acc = self.queued.setdefault(team, [0.0, 0.0])
+                    acc[0] += now - since
+                    acc[1] += (now - since) * self.team_gpus[team]
+
     def run(self) -> None:
         n, nxt, last = len(self.records), 0, -float("inf")
+        prev = self.records[0].job.submit if n else 0.0
         while True:
             times = [self.finishes[0][0]] if self.finishes else []
             if nxt < n:
@@ -215,6 +232,8 @@ class _Sim:
             if not times:
                 break
             now = max(min(times), last + self.cfg.min_interval_s)
+            self._account(prev, now)
+            prev = now
             while self.finishes and self.finishes[0][0] <= now:
                 t, i, version = heapq.heappop(self.finishes)
                 if version == self.records[i].version:
@@ -239,6 +258,8 @@ def simulate(
     sim = _Sim(jobs, cluster, p, config or SimConfig())
     sim.run()
     unfinished = sum(1 for r in sim.records if r.finish is None and r.rejected is None)
+    queued = {t: (v[0], v[1]) for t, v in sim.queued.items()}
     return SimResult(
-        p.name, sim.records, cluster, sim.cycles, dict(sim.gpu_s), unfinished
-    )
+        p.name, sim.records, cluster, sim.cycles, gpu_s_by_team=dict(sim.gpu_s),
+        queued_by_team=queued, unfinished=unfinished,
+    )  # fmt: skip

@@ -3,7 +3,10 @@
 Vocabulary: JCT (job completion time) = finish - submit; queueing delay = first start -
 submit; makespan = last finish - first submit; utilisation = GPU-seconds held by jobs
 (including work later lost to preemption) / (cluster GPUs x makespan). A team's share
-is its GPU-seconds / all GPU-seconds held; its guarantee is its quota / cluster GPUs.
+is its GPU-seconds / all GPU-seconds held; its guarantee is its quota / cluster GPUs
+(over a whole finite trace the share is the team's demand, whatever the policy); "held
+while queued" is the GPUs it held / its guarantee, averaged over the time it had gangs
+waiting (1.0: it had its guarantee whenever it wanted more; above: it borrowed).
 Only finished jobs count in JCT and delay; rejected and unfinished ones are reported.
 """
 
@@ -43,9 +46,10 @@ class Report:
     preemptions: int
     lost_gpu_h: float
     cycles: int
-    team_share: dict[
-        str, tuple[float, float]
-    ]  # team -> (share of GPU time, guarantee share)
+    # team -> (share of all GPU time, its guarantee's share of the cluster)
+    team_share: dict[str, tuple[float, float]]
+    # team -> GPUs held / guarantee, averaged over the time it had gangs queued
+    held_while_queued: dict[str, float]
 
 
 def summarise(result: SimResult) -> Report:
@@ -76,5 +80,15 @@ def summarise(result: SimResult) -> Report:
         utilisation=held / (gpus * makespan) if gpus and makespan else 0.0,
         preemptions=sum(r.preemptions for r in recs),
         lost_gpu_h=sum(r.lost_gpu_s for r in recs) / 3600.0, cycles=result.cycles,
-        team_share=share,
+        team_share=share, held_while_queued=_held_while_queued(result, guarantees),
     )  # fmt: skip
+
+
+def _held_while_queued(
+    result: SimResult, guarantees: dict[str, int]
+) -> dict[str, float]:
+    out = {}
+    for team, (seconds, gpu_s) in sorted(result.queued_by_team.items()):
+        if seconds > 0 and guarantees.get(team):
+            out[team] = gpu_s / seconds / guarantees[team]
+    return out

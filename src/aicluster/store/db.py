@@ -168,14 +168,16 @@ class Store:
             row = s.get(UserRow, name)
             return Principal(row.name, row.team, row.role) if row else None
 
-    def create_token(self, user: str) -> str:
-        """Return a new plaintext token; only its SHA-256 digest is stored."""
+    def create_token(self, user: str, job_id: str | None = None) -> str:
+        """Return a new plaintext token; only its SHA-256 digest is stored. A token made
+        for a job (`job_id`) acts as the job's owner and is revoked when the job ends."""
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         with self._session.begin() as s:
             if s.get(UserRow, user) is None:
                 raise NotFound(f"user {user!r} does not exist")
             s.add(
-                TokenRow(user=user, digest=digest(token), prefix=token[:10], created_at=self.clock())
+                TokenRow(user=user, digest=digest(token), prefix=token[:10], created_at=self.clock(),
+                         job_id=job_id)
             )
         return token
 
@@ -188,6 +190,24 @@ class Store:
                 return None
             user = s.get(UserRow, row.user)
             return Principal(user.name, user.team, user.role)
+
+    def revoke_tokens_of_finished_jobs(self) -> int:
+        """Level-triggered: every token of a job in a terminal status stops working."""
+        done = select(JobRow.id).where(JobRow.status.in_(["SUCCEEDED", "FAILED", "CANCELLED"]))
+        with self._session.begin() as s:
+            res = s.execute(
+                update(TokenRow).where(TokenRow.job_id.in_(done), TokenRow.revoked.is_(False))
+                .values(revoked=True)
+            )
+            return res.rowcount
+
+    def revoke_job_tokens(self, job_id: str) -> int:
+        with self._session.begin() as s:
+            res = s.execute(
+                update(TokenRow).where(TokenRow.job_id == job_id, TokenRow.revoked.is_(False))
+                .values(revoked=True)
+            )
+            return res.rowcount
 
     def has_admin(self) -> bool:
         with self._session() as s:

@@ -32,6 +32,7 @@ class TokenRow(Base):
     prefix: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[float] = mapped_column(Float)
     revoked: Mapped[bool] = mapped_column(default=False)
+    job_id: Mapped[str | None] = mapped_column(String(80), nullable=True, index=True)
 
 
 class JobRow(Base):

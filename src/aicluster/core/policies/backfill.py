@@ -75,20 +75,31 @@ class Reservation:
         return False
 
 
-def _quota_shadow(c: Cycle, head: GangRequest, pool: str) -> tuple[float, float]:
-    """(time the partition frees enough quota for `head`, quota to spare at that time)."""
-    size = c.book.partition_size(head.team, pool)
-    mine = sorted(
-        (_end(r.gang, r.started_at), r.gang.total.gpus)
-        for r in c.running_of(head.team, pool)
-    )
-    used = c.book.account(head.team, pool).used.gpus
-    time = c.clock
-    for end, gpus in mine:
-        if used + head.total.gpus <= size:
-            break
-        used, time = used - gpus, end
-    return time, size - used - head.total.gpus
+class _QuotaHold:
+    """A partition whose head waits for its quota: when its running work (by runtime
+    limits) frees enough for the head, and the quota to spare then (computed lazily)."""
+
+    def __init__(self, c: Cycle, head: GangRequest, pool: str) -> None:
+        self.c, self.head, self.pool = c, head, pool
+        self._shadow: list[float] | None = None
+
+    def shadow(self) -> list[float]:
+        """[time, spare GPUs]; `spare` shrinks as gangs outliving `time` start."""
+        if self._shadow is None:
+            c, head = self.c, self.head
+            size = c.book.partition_size(head.team, self.pool)
+            ends = sorted(
+                (_end(r.gang, r.started_at), r.gang.total.gpus)
+                for r in c.running_of(head.team, self.pool)
+            )
+            used = c.book.account(head.team, self.pool).used.gpus
+            time = c.clock
+            for end, gpus in ends:
+                if used + head.total.gpus <= size:
+                    break
+                used, time = used - gpus, end
+            self._shadow = [time, size - used - head.total.gpus]
+        return self._shadow
 
 
 @dataclass(frozen=True)
@@ -100,32 +111,28 @@ class BackfillPolicy:
     def plan(self, snapshot: Snapshot, clock: float) -> list[Decision]:
         c = Cycle(snapshot, clock, self.memo)
         reserved: dict[str, Reservation] = {}
-        quota_wait: dict[
-            tuple, list
-        ] = {}  # partition -> [head id, shadow time, spare GPUs]
-        quota_full: dict[
-            tuple, int
-        ] = {}  # partition -> fewest GPUs its quota refused now
+        # partitions whose head waits for quota, and the fewest GPUs their quota refused
+        quota_wait: dict[tuple, _QuotaHold] = {}
+        quota_full: dict[tuple, int] = {}
         parts: dict[tuple, tuple] = {}
         for g in sorted(snapshot.pending, key=arrival_key):
             part = parts.get((g.team, g.pool)) or parts.setdefault(
                 (g.team, g.pool), partition_of(c, g)
             )
             hold = quota_wait.get(part)
-            gpus = g.total.gpus
-            if hold is not None and (
-                gpus >= quota_full.get(part, gpus + 1)
-                or (_end(g, clock) > hold[1] and gpus > hold[2])
-            ):
-                c.wait(g, f"queued behind {hold[0]} (starting now would delay it)")
+            if hold is not None and self._behind(g, hold, quota_full[part], clock):
+                c.wait(
+                    g,
+                    f"queued behind {hold.head.workload_id} (starting now would delay it)",
+                )
                 continue
             refusal = self._try(c, g, reserved)
-            if refusal is not None and not refusal[1]:
-                quota_full[part] = min(gpus, quota_full.get(part, gpus))
             if refusal is None:
-                if hold is not None and _end(g, clock) > hold[1]:
-                    hold[2] -= g.total.gpus
+                if hold is not None and _end(g, clock) > hold.shadow()[0]:
+                    hold.shadow()[1] -= g.total.gpus
                 continue
+            if not refusal[1]:
+                quota_full[part] = min(g.total.gpus, quota_full.get(part, g.total.gpus))
             never = c.never_fits(g) or partition_never_fits(c, g)
             if never:
                 c.wait(g, never, True)
@@ -136,10 +143,17 @@ class BackfillPolicy:
                 if hold_for_starving(c, g, self.starve_after_s):
                     reason += "; nodes are held for it"
             elif not room and hold is None:
-                pool = c.pools_for(g)[0]
-                quota_wait[part] = [g.workload_id, *_quota_shadow(c, g, pool)]
+                quota_wait[part] = _QuotaHold(c, g, c.pools_for(g)[0])
             c.wait(g, reason)
         return c.decisions()
+
+    @staticmethod
+    def _behind(g: GangRequest, hold: _QuotaHold, refused: int, clock: float) -> bool:
+        """True if `g` may not start ahead of the quota-blocked head of its partition."""
+        if g.total.gpus >= refused:
+            return True  # the quota refuses it now anyway
+        time, spare = hold.shadow()
+        return _end(g, clock) > time and g.total.gpus > spare
 
     @staticmethod
     def _reserve(c: Cycle, g: GangRequest, reserved: dict[str, Reservation]) -> None:
