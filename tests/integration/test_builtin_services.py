@@ -33,16 +33,18 @@ def ready(cp, name: str) -> int:
 
 @pytest.fixture(scope="module")
 def builtin_services(control_plane, admin):
+    # The example job trains the model and publishes it as an artifact ...
     job = admin.submit({"kind": "job", "name": "char-lm", "working_dir": ".",
-                        "resources": {"cpus": 1},
-                        "command": "python train.py --steps 60"}, pack_workdir(EXAMPLE))  # fmt: skip
+                        "resources": {"cpus": 1}, "command": "python train.py --steps 60 --out model",
+                        "outputs": [{"path": "model", "artifact": "default/char-lm"}]},
+                       pack_workdir(EXAMPLE))  # fmt: skip
     done = admin.wait(job["id"], {"SUCCEEDED", "FAILED"}, timeout=240)
     assert done["status"] == "SUCCEEDED", admin.logs(job["id"])[0][-2000:]
-    model_dir = control_plane.home / "checkpoints" / "default" / "char-lm"
-    assert (model_dir / "config.json").exists()
+    assert "produced default/char-lm:" in done["message"]
     base = {"kind": "service", "engine": "builtin", "resources": {"cpus": 0.5},
             "readiness_timeout_s": 240}  # fmt: skip
-    deploy(control_plane, {**base, "name": "tiny-lm", "model": str(model_dir),
+    # ... which a service serves, materialised on each replica's node.
+    deploy(control_plane, {**base, "name": "tiny-lm", "model": "artifact:default/char-lm:latest",
                            "replicas": {"min": 2, "max": 2}})  # fmt: skip
     deploy(control_plane, {**base, "name": "minilm", "model": "all-minilm-l6-v2",
                            "replicas": {"min": 1, "max": 1}})  # fmt: skip
@@ -98,3 +100,12 @@ def test_embeddings_through_the_gateway(builtin_services):
     assert cos(vecs[0], vecs[1]) > cos(vecs[0], vecs[2])
     with pytest.raises(openai.BadRequestError):
         builtin_services.completions.create(model="minilm", prompt="x", max_tokens=1)
+
+
+def test_unknown_model_artifact_is_refused_at_deploy(control_plane):
+    r = httpx.post(control_plane.url + "/v1/services", headers={
+        "Authorization": f"Bearer {control_plane.admin_token}"}, json={"spec": {
+            "kind": "service", "name": "ghost", "engine": "builtin",
+            "model": "artifact:default/no-such-model:9"}})  # fmt: skip
+    assert r.status_code == 422
+    assert r.json()["detail"]["issues"][0]["field"] == "model"

@@ -55,24 +55,26 @@ class ControlPlane:
                  policy: str = "fair"):  # fmt: skip
         apply_ray_env(home, loopback=ray_address.startswith("127."))
         from aicluster.api.app import create_app
-        from aicluster.api.services_routes import services_router
+        from aicluster.api.artifacts_routes import artifact_router
         from aicluster.api.metrics_routes import metrics_router
+        from aicluster.api.services_routes import services_router
+        from aicluster.control.artifacts import ArtifactService
+        from aicluster.control.controller import Controller
         from aicluster.control.endpoints import EndpointTable
-        from aicluster.control.nodes_loop import NodeLoop
-        from aicluster.engine.health import HealthAgents
-        from aicluster.engine.ray_engine import NAMESPACE
-        from aicluster.store.nodes import NodeStore
-        from aicluster.store.quotas import QuotaStore
+        from aicluster.control.logs import LogStore
         from aicluster.control.metrics import Metrics, StateCollector
+        from aicluster.control.nodes_loop import NodeLoop
+        from aicluster.control.service import Services
         from aicluster.control.service_ops import ServiceOps
         from aicluster.control.services_loop import ServiceLoop
+        from aicluster.engine.health import HealthAgents
+        from aicluster.engine.ray_engine import NAMESPACE, RayEngine
         from aicluster.gateway.proxy import Gateway
-        from aicluster.store.services import ServiceStore
-        from aicluster.control.controller import Controller
-        from aicluster.control.logs import LogStore
-        from aicluster.control.service import Services
-        from aicluster.engine.ray_engine import RayEngine
+        from aicluster.store.artifacts import ArtifactStore
         from aicluster.store.db import open_store
+        from aicluster.store.nodes import NodeStore
+        from aicluster.store.quotas import QuotaStore
+        from aicluster.store.services import ServiceStore
         from aicluster.web.routes import web_router
 
         self.home, self.host, self.port, self.tick_s = home, host, port, tick_s
@@ -85,27 +87,24 @@ class ControlPlane:
         self.wakeup = threading.Event()
         wake = self.wakeup.set
         self.metrics = Metrics()
+        self.artifacts = ArtifactService(ArtifactStore.open(self.store, home))
         self.node_loop = NodeLoop(NodeStore(self.store), HealthAgents(NAMESPACE),
                                   commands=_health_commands(home))  # fmt: skip
         quotas = QuotaStore(self.store)
-        self.controller = Controller(self.store, self.engine, logs, workdirs, home, notify=wake,
-                                     metrics=self.metrics, node_loop=self.node_loop,
-                                     policy=policy, quotas=quotas,
-                                     api_url=f"http://{host}:{port}")  # fmt: skip
+        self.controller = Controller(
+            self.store, self.engine, logs, workdirs, home, notify=wake, metrics=self.metrics,
+            node_loop=self.node_loop, policy=policy, quotas=quotas, artifacts=self.artifacts,
+            api_url=f"http://{host}:{port}",
+        )  # fmt: skip
         table = EndpointTable()
         service_store = ServiceStore(self.store)
-        self.services = ServiceLoop(service_store, self.engine, logs, table, notify=wake)
+        self.services = ServiceLoop(service_store, self.engine, logs, table, notify=wake,
+                                    artifacts=self.artifacts, home=home)  # fmt: skip
         self.controller.sources.append(self.services)
-        ops = ServiceOps(service_store, table, notify=wake)
+        ops = ServiceOps(service_store, table, notify=wake, artifacts=self.artifacts)
         self.metrics.add_state(StateCollector(self.store, self.engine, self.services,
                                               node_states=self.node_loop.nodes.all))  # fmt: skip
         self.gateway = Gateway(table, self.store.authenticate, metrics=self.metrics)
-        from aicluster.api.artifacts_routes import artifact_router
-        from aicluster.control.artifacts import ArtifactService
-        from aicluster.store.artifacts import ArtifactStore
-
-        self.artifacts = ArtifactService(ArtifactStore.open(self.store, home))
-        self.controller.artifacts = self.artifacts
         self.app = create_app(
             Services(self.store, self.engine, logs, workdirs, notify=wake,
                      other_workloads=self.services.active_workloads, node_loop=self.node_loop,
@@ -113,7 +112,7 @@ class ControlPlane:
                      artifacts=self.artifacts),
             routers=[lambda p: services_router(ops, p), lambda _p: self.gateway.router(),
                      lambda p: artifact_router(self.artifacts, p),
-                     lambda p: metrics_router(self.metrics, p), lambda p: web_router(p)],
+                     lambda p: metrics_router(self.metrics, p), web_router],
         )  # fmt: skip
 
     def _loop(self) -> None:

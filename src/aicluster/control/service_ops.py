@@ -24,6 +24,7 @@ class ServiceOps:
     services: ServiceStore
     table: EndpointTable
     notify: Callable[[], None] = lambda: None
+    artifacts: object | None = None  # control.artifacts.ArtifactService (model artifacts)
 
     def deploy(self, who: Principal, doc: dict) -> ServiceRecord:
         if who.role == "viewer":
@@ -35,6 +36,13 @@ class ServiceOps:
             raise SpecError(
                 "request body", [SpecIssue("team", f"you may deploy only to your team {who.team!r}")]
             )
+        if spec.model.startswith("artifact:") and self.artifacts is not None:
+            name = spec.model[len("artifact:") :]
+            try:
+                self.artifacts.version(who, name if "/" in name else f"{spec.team}/{name}")
+            except Exception as exc:  # noqa: BLE001 - not found, not shared, bad name
+                raise SpecError("request body",
+                                [SpecIssue("model", str(exc).strip("'\""))]) from None  # fmt: skip
         svc = self.services.create(spec.model_dump(mode="json"), who.user)
         self.notify()
         return svc

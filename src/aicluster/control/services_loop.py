@@ -31,6 +31,7 @@ from aicluster.store.services import ReplicaRecord, ServiceRecord, ServiceStore
 
 log = logging.getLogger(__name__)
 GANG_PREFIX = "svc-"
+ARTIFACT_PREFIX = "artifact:"
 
 
 def gang_id(rid: str) -> str:
@@ -53,9 +54,10 @@ def replica_command(spec: dict) -> tuple[list[str], str, str | None]:
 class ServiceLoop:
     def __init__(
         self, services: ServiceStore, engine: Engine, logs: LogStore, table: EndpointTable,
-        clock=time.time, notify=lambda: None,
+        clock=time.time, notify=lambda: None, artifacts=None, home=None,
     ):  # fmt: skip
         self.services, self.engine, self.logs, self.table = services, engine, logs, table
+        self.artifacts, self.home = artifacts, home  # for `model: artifact:NAME:VERSION`
         self.clock, self.notify = clock, notify
         self.pool = ThreadPoolExecutor(4, thread_name_prefix="replica-launch")
         self.launching: dict[str, Future] = {}
@@ -138,17 +140,39 @@ class ServiceLoop:
         spec = self._spec_of(rep)
         command, _path, _contains = replica_command(spec)
         res = per_worker(spec)
+        try:
+            inputs, storage = self._model_input(spec)
+        except Exception as exc:  # noqa: BLE001 - deleted, unshared, storage down
+            self.services.transition(rid, RS.STARTING, RS.FAILED, RR.LAUNCH_FAILED,
+                                     f"model artifact: {str(exc).strip(chr(39))}")  # fmt: skip
+            return
         req = LaunchRequest(
             job_id=gang_id(rid), attempt=1, placement=(node_id,), cpus=res.cpus,
             memory=res.memory, gpus=res.gpus, command=command,
             env={"AICLUSTER_SERVICE": spec["name"], "AICLUSTER_REPLICA_ID": rid,
                  "AICLUSTER_TEAM": spec["team"]},
-            workdir=None,
+            workdir=None, inputs=inputs, storage=storage,
         )  # fmt: skip
         fut = self.pool.submit(self.engine.launch, req)
         fut.add_done_callback(lambda _f: self.notify())
         self.launching[rid] = fut
         self.starting_since[rid] = self.clock()
+
+    def _model_input(self, spec: dict) -> tuple[tuple[dict, ...], object | None]:
+        """`model: artifact:NAME[:VERSION]` is materialised on the replica's node (through
+        its blob cache) and handed to the engine as a local path (AICLUSTER_MODEL_PATH)."""
+        model = spec.get("model", "")
+        if not model.startswith(ARTIFACT_PREFIX):
+            return (), None
+        from aicluster.store.artifacts.backend import load_storage_config
+
+        name = model[len(ARTIFACT_PREFIX) :]
+        name = name if "/" in name else f"{spec['team']}/{name}"
+        svc = self.services.get(spec["team"], spec["name"])
+        who = self.services.store.get_user(svc.owner)
+        _v, manifest = self.artifacts.version(who, name)
+        item = {"path": "model", "env": "AICLUSTER_MODEL_PATH", "manifest": manifest.to_json()}
+        return (item,), load_storage_config(self.home)
 
     def _check(self, svc: ServiceRecord, rep: ReplicaRecord) -> ReplicaRecord | None:
         """Advance one replica; None when it left the live set."""

@@ -20,6 +20,15 @@ import psutil
 from aicluster.engine.rayenv import ray_env, ray_temp_dir
 
 
+# Ray declares a dead node dead after ~14 s by default; these settings make it ~4 s, so a
+# job on a lost node is requeued seconds after the loss (see shared/RAY-NOTES.md).
+NODE_DEATH_DETECTION = {
+    "health_check_period_ms": 1000,
+    "health_check_failure_threshold": 3,
+    "health_check_timeout_ms": 1000,
+}
+
+
 class RayStartError(Exception):
     pass
 
@@ -78,7 +87,8 @@ def start_head(
 ) -> str:  # fmt: skip
     """Start this machine's Ray head; return its address host:port."""
     port = port or _free_port()
-    cmd = [_ray_bin(), "start", "--head", f"--port={port}", "--include-dashboard=false"]
+    cmd = [_ray_bin(), "start", "--head", f"--port={port}", "--include-dashboard=false",
+           f"--system-config={json.dumps(NODE_DEATH_DETECTION)}"]  # fmt: skip
     cmd += _common_args(home, node_ip, num_cpus, num_gpus, labels or {})
     _run(cmd, home, node_ip.startswith("127."), "ray-start.log")
     return f"{node_ip}:{port}"

@@ -24,9 +24,12 @@ from aicluster.runtime.adapters import CommandStep, HttpStep, LaunchPlan, build_
 
 def plan_for(spec: dict, env: dict[str, str]) -> LaunchPlan:
     gpus = [int(g) for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    model = spec["model"]
+    if model.startswith("artifact:"):  # materialised on this node by the engine layer
+        model = env["AICLUSTER_MODEL_PATH"]
     return build_launch(
         spec.get("engine", "builtin"),
-        model=spec["model"],
+        model=model,
         host=env.get("MASTER_ADDR", "127.0.0.1"),
         port=int(env["MASTER_PORT"]),
         gpu_ids=gpus,
@@ -71,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     except (subprocess.SubprocessError, httpx.HTTPError, OSError) as exc:
         print(f"aicluster replica: after-start step failed: {exc}", flush=True)
         proc.terminate()
-    return proc.wait()
+    code = proc.wait()
+    return 128 - code if code < 0 else code  # killed by a signal: 128 + its number, as shells do
 
 
 if __name__ == "__main__":
