@@ -125,7 +125,7 @@ def test_autoscaling_from_zero_up_and_back_to_zero(control_plane):
     spec["replicas"] = {"min": 0, "max": 2}
     spec["autoscaling"] = {"target_ongoing_requests": 1, "upscale_delay_s": 0,
                            "downscale_delay_s": 1, "scale_to_zero_after_s": 2}
-    spec["engine_args"] = {"decode-s-per-token": 0.02}
+    spec["engine_args"] = {"decode-s-per-token": 0.05}  # streams of ~20 s: room to scale up
     assert api(control_plane, "POST", "/v1/services", json={"spec": spec}).status_code == 201
     assert ready_count(control_plane, "elastic") == 0
     # A request to a service at zero is held while a replica starts.
