@@ -240,6 +240,17 @@ def list_checkpoints(folder: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def artifact_checkpoints():
+    """aicluster's checkpoint store when this runs as an aicluster job, else None."""
+    if not os.environ.get("AICLUSTER_TOKEN"):
+        return None
+    try:
+        from aicluster.runtime import checkpoint
+    except ImportError:
+        return None
+    return checkpoint
+
+
 def save_checkpoint(folder: str, step: int, model: nn.Module,
                     optimizer: torch.optim.Optimizer, meta: dict) -> str:
     os.makedirs(folder, exist_ok=True)
@@ -304,11 +315,20 @@ def train(args: argparse.Namespace, env: Dist, ckpt_dir: str) -> int:
     model = MLP().to(env.device)  # same init everywhere; DDP also broadcasts rank 0's
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
-    # Rank 0 picks the checkpoint so every rank resumes from the same step.
-    latest = list_checkpoints(ckpt_dir)
+    # Rank 0 picks the checkpoint so every rank resumes from the same step. Inside an
+    # aicluster job checkpoints live in the artifact store (any node can resume); each
+    # rank materialises the newest one on its own node.
+    store = artifact_checkpoints()
+    if store is not None:
+        found = store.latest()
+        ckpt_dir_in = str(found) if found is not None else ckpt_dir
+        latest = list_checkpoints(ckpt_dir_in) if found is not None else []
+    else:
+        ckpt_dir_in = ckpt_dir
+        latest = list_checkpoints(ckpt_dir)
     start_step = env.broadcast_from_main(latest[-1][0] if latest else 0)
     if start_step > 0:
-        path = os.path.join(ckpt_dir, f"ckpt-{start_step:08d}.pt")
+        path = os.path.join(ckpt_dir_in, f"ckpt-{start_step:08d}.pt")
         if not os.path.exists(path):
             fail(f"rank {env.rank} cannot see checkpoint {path} chosen by rank 0 "
                  f"(is --checkpoint-dir on storage shared by all workers?)", code=1)
@@ -369,6 +389,8 @@ def train(args: argparse.Namespace, env: Dist, ckpt_dir: str) -> int:
         if step % args.checkpoint_every == 0 or step == args.steps:
             if env.is_main:
                 path = save_checkpoint(ckpt_dir, step, model, optimizer, meta)
+                if store is not None:
+                    path = store.save(path, step=step)  # one file, a new version
                 say(f"checkpoint saved step {step} path {path}")
             env.barrier()
             last_saved = step

@@ -64,6 +64,8 @@ def test_checkpointing_job_resumes_on_healthy_nodes_after_node_death(ray_cluster
     first = admin.wait(job["id"], {"RUNNING"}, timeout=60)
     wait_for(lambda: b"checkpoint saved step 1000 " in admin.logs(job["id"])[0], timeout=120,
              interval=0.2, what="a few checkpoints")  # fmt: skip
+    # Checkpoints go to the artifact store, so the surviving nodes can resume from them.
+    assert b"path default/ddp-survivor-ckpt:" in admin.logs(job["id"])[0]
     victim_id = first["placement"][1]
     victim = next(n for n in nodes if n.node_id == victim_id)
     cluster.remove_node(victim, allow_graceful=False)
