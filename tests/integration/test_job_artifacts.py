@@ -123,3 +123,27 @@ def test_job_resumes_from_an_artifact_checkpoint_on_another_node(ray_cluster, co
     for n in nodes:
         if n is not victim:
             cluster.remove_node(n, allow_graceful=True)
+
+
+def test_jobs_prefer_nodes_that_already_cache_their_inputs(admin, tmp_path):
+    src = tmp_path / "d"
+    src.mkdir()
+    (src / "x.bin").write_bytes(b"x" * 1024)
+    artifacts_sdk.push(admin, src, "default/ja-local", "dataset")
+    gpu = sorted((n for n in admin.nodes() if n["pool"] == "gpu" and n["alive"]),
+                 key=lambda n: (n["name"], n["node_id"]))  # fmt: skip
+    first, second = gpu[0]["node_id"], gpu[1]["node_id"]
+    # Fill the node best fit would pick, so the first reader lands on the other one.
+    filler = admin.submit({"kind": "job", "name": "ja-filler", "command": "sleep 600",
+                           "resources": {"cpus": 4}}, None)  # fmt: skip
+    assert admin.wait(filler["id"], {"RUNNING"}, timeout=60)["placement"] == [first]
+    spec = {"kind": "job", "command": "ls data", "resources": {"cpus": 1},
+            "inputs": [{"artifact": "default/ja-local:1", "path": "data"}]}  # fmt: skip
+    reader = admin.submit({**spec, "name": "ja-reader1"}, None)
+    done = admin.wait(reader["id"], TERMINAL, timeout=60)
+    assert done["status"] == "SUCCEEDED" and done["placement"] == [second]
+    admin.cancel(filler["id"])
+    admin.wait(filler["id"], TERMINAL, timeout=30)
+    # Both nodes are free now; best fit alone would choose `first`, the cache says `second`.
+    again = admin.wait(admin.submit({**spec, "name": "ja-reader2"}, None)["id"], TERMINAL, 60)
+    assert again["status"] == "SUCCEEDED" and again["placement"] == [second]

@@ -100,6 +100,7 @@ class ControlPlane:
         service_store = ServiceStore(self.store)
         self.services = ServiceLoop(service_store, self.engine, logs, table, notify=wake,
                                     artifacts=self.artifacts, home=home)  # fmt: skip
+        self.services.artifact_nodes = self.controller.artifact_nodes  # one locality map
         self.controller.sources.append(self.services)
         ops = ServiceOps(service_store, table, notify=wake, artifacts=self.artifacts)
         self.metrics.add_state(StateCollector(self.store, self.engine, self.services,

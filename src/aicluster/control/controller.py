@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from aicluster.control.logs import LogStore
-from aicluster.control.snapshot import build_snapshot, job_workload
+from aicluster.control.snapshot import artifact_keys, build_snapshot, job_workload
 from aicluster.core.scheduler import DEFAULT_POLICY, get_policy, plan_cycle
 from aicluster.core.lifecycle import JobStatus, Reason, failure_is_retryable
 from aicluster.core.model import Admit, Preempt, Wait
@@ -55,6 +55,9 @@ class Controller:
         self.queue: list[tuple[str, str]] = []  # last cycle: (workload id, why it waits)
         self.artifacts = artifacts  # control.artifacts.ArtifactService: job inputs/outputs
         self.api_url = api_url  # given to workers (with a job token) for runtime.checkpoint
+        # artifact -> nodes it was materialised on (their caches likely hold it): a soft
+        # placement preference, shared with the service loop.
+        self.artifact_nodes: dict[str, set[str]] = {}
         self.workdirs, self.home, self.clock = workdirs, home, clock
         self.launching: dict[str, Future] = {}
         self.pool = ThreadPoolExecutor(launch_threads, thread_name_prefix="launch")
@@ -288,7 +291,7 @@ class Controller:
 
     def _admit(self) -> None:
         pending = self.store.list_jobs(statuses=[JobStatus.PENDING])
-        pending_views = [job_workload(j) for j in pending]
+        pending_views = [job_workload(j, self.artifact_nodes) for j in pending]
         active_views = [job_workload(j) for j in self.store.list_jobs(statuses=ACTIVE)]
         for source in self.sources:
             pending_views += source.pending_workloads()
@@ -359,6 +362,8 @@ class Controller:
         fut = self.pool.submit(self.engine.launch, req)
         fut.add_done_callback(lambda _f: self.notify())
         self.launching[rec.id] = fut
+        for key in artifact_keys(rec.spec):
+            self.artifact_nodes.setdefault(key, set()).update(decision.placement)
 
     def _launch_request(self, rec: JobRecord, attempt: int) -> LaunchRequest:
         spec = JobSpec.model_validate(rec.spec)

@@ -21,7 +21,9 @@ import httpx
 
 from aicluster.control.endpoints import Endpoint, EndpointTable, ServiceEndpoints
 from aicluster.control.logs import LogStore
-from aicluster.control.snapshot import REPLICA_PREFIX, WorkloadView, per_worker
+from aicluster.control.snapshot import (
+    REPLICA_PREFIX, WorkloadView, artifact_keys, per_worker, preferred,
+)
 from aicluster.control.scaling import Scaler
 from aicluster.core.model import Admit, Preempt, Wait
 from aicluster.core.replica import ReplicaReason as RR
@@ -58,6 +60,7 @@ class ServiceLoop:
     ):  # fmt: skip
         self.services, self.engine, self.logs, self.table = services, engine, logs, table
         self.artifacts, self.home = artifacts, home  # for `model: artifact:NAME:VERSION`
+        self.artifact_nodes: dict[str, set[str]] = {}  # the controller shares its map
         self.clock, self.notify = clock, notify
         self.pool = ThreadPoolExecutor(4, thread_name_prefix="replica-launch")
         self.launching: dict[str, Future] = {}
@@ -131,6 +134,7 @@ class ServiceLoop:
             per_worker=per_worker(spec), gpu_model=spec.get("resources", {}).get("gpu_model"),
             priority=0, created_at=rep.created_at,
             placement=(rep.node_id,) if rep.node_id else None,
+            preferred_nodes=preferred(spec, self.artifact_nodes),
         )  # fmt: skip
 
     def _launch(self, rid: str, node_id: str) -> None:
@@ -156,6 +160,8 @@ class ServiceLoop:
         fut = self.pool.submit(self.engine.launch, req)
         fut.add_done_callback(lambda _f: self.notify())
         self.launching[rid] = fut
+        for key in artifact_keys(spec):
+            self.artifact_nodes.setdefault(key, set()).add(node_id)
         self.starting_since[rid] = self.clock()
 
     def _model_input(self, spec: dict) -> tuple[tuple[dict, ...], object | None]:

@@ -33,16 +33,35 @@ class WorkloadView:
     placement: tuple[str, ...] | None = None
     started_at: float | None = None
     preemptible: bool = True
+    preferred_nodes: tuple[str, ...] = ()  # nodes that cache its artifacts (a soft hint)
 
     def gang(self) -> GangRequest:
         return GangRequest(
             workload_id=self.workload_id, team=self.team, workers=self.workers,
             per_worker=self.per_worker, gpu_model=self.gpu_model, priority=self.priority,
             submitted_at=self.created_at, preemptible=self.preemptible,
+            preferred_nodes=self.preferred_nodes,
         )  # fmt: skip
 
 
-def job_workload(job: JobRecord) -> WorkloadView:
+def artifact_keys(spec: dict) -> list[str]:
+    """The artifacts a workload materialises on its node (job inputs, a service's model)."""
+    keys = [i["artifact"] for i in spec.get("inputs") or []]
+    if str(spec.get("model", "")).startswith("artifact:"):
+        keys.append(spec["model"][len("artifact:") :])
+    return keys
+
+
+def preferred(spec: dict, where: dict[str, set[str]]) -> tuple[str, ...]:
+    """Nodes that received this workload's artifacts before, most shared artifacts first."""
+    counts: dict[str, int] = {}
+    for key in artifact_keys(spec):
+        for node_id in where.get(key, ()):
+            counts[node_id] = counts.get(node_id, 0) + 1
+    return tuple(sorted(counts, key=lambda n: (-counts[n], n)))
+
+
+def job_workload(job: JobRecord, where: dict[str, set[str]] | None = None) -> WorkloadView:
     return WorkloadView(
         workload_id=job.id,
         team=job.team,
@@ -53,6 +72,7 @@ def job_workload(job: JobRecord) -> WorkloadView:
         created_at=job.created_at,
         placement=tuple(job.placement) if job.placement else None,
         started_at=job.started_at or job.updated_at,
+        preferred_nodes=preferred(job.spec, where) if where else (),
     )
 
 

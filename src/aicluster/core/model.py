@@ -83,6 +83,9 @@ class GangRequest:
     runtime_limit: float | None = None  # seconds; lets `backfill` plan around it
     attained_service: float = 0.0  # GPU-seconds run in earlier attempts (LAS ordering)
     locality: str = "pool"  # the widest scope its workers may span: node|nvlink|rack|pool
+    # Soft preference: nodes that already cache its artifacts (tried first when one node
+    # holds the whole gang; never a reason to wait).
+    preferred_nodes: tuple[str, ...] = ()
 
     @cached_property
     def total(self) -> Res:

@@ -218,7 +218,14 @@ class FreeIndex:
     def _one_node(
         self, gang: GangRequest, p: _Pool, avoid: frozenset[str]
     ) -> str | None:
-        """Best fit: the node with the fewest free GPUs that holds the whole gang."""
+        """A preferred node (artifact locality) that holds the whole gang, else best fit:
+        the node with the fewest free GPUs that holds it."""
+        for node_id in gang.preferred_nodes:
+            node = self.node.get(node_id)
+            if (node is not None and node.pool == p.name and node_id not in avoid
+                    and node_id not in self.held and model_ok(node, gang)
+                    and gang.per_worker.count_in(self.free[node_id]) >= gang.workers):
+                return node_id
         need = gang.per_worker.gpus * gang.workers
         for g in range(need, p.max_node_gpus + 1):
             for rank in p.buckets.get(g, ()):
