@@ -68,10 +68,12 @@ def test_lru_eviction_keeps_recent_and_linked_blobs(tmp_path):
     old = [blobs_of(2, 20 * KIB) for _ in range(2)]  # two artifacts of 40 KiB
     new = blobs_of(3, 20 * KIB)  # 60 KiB: 40 KiB must go to make room
     src = Source({k: v for g in [*old, new] for k, v in g.items()})
+    past = time.time() - 100
     for i, g in enumerate(old):
         cache.materialise(manifest_of(f"m{i}", g), tmp_path / f"d{i}", src)
         release(tmp_path / f"d{i}")
-        time.sleep(0.02)  # distinct last-use times
+        for digest in g:  # distinct last-use times (a blob's mtime is its last use)
+            os.utime(cache.path(digest), (past + i, past + i))
     hit = cache.materialise(manifest_of("m0", old[0]), tmp_path / "again", src)
     assert hit.fetched_blobs == 0  # a cache hit, and m0 is now the most recently used
     release(tmp_path / "again")
