@@ -79,6 +79,8 @@ def test_gateway_errors_are_openai_style(control_plane, chat_service):
 def test_killed_replica_is_replaced_and_requests_keep_working(control_plane, chat_service):
     client = openai.OpenAI(base_url=control_plane.url + "/v1", api_key=control_plane.admin_token,
                            max_retries=0)  # fmt: skip
+    api(control_plane, "POST", f"/v1/services/{chat_service}/scale", json={"replicas": 3})
+    wait_for(lambda: ready_count(control_plane, chat_service) == 3, timeout=90, what="3 ready")
     svc = api(control_plane, "GET", f"/v1/services/{chat_service}").json()
     victim = next(r for r in svc["replicas"] if r["status"] == "READY")
     port = int(victim["url"].rsplit(":", 1)[1])
@@ -86,7 +88,7 @@ def test_killed_replica_is_replaced_and_requests_keep_working(control_plane, cha
             if c.status == "LISTEN" and c.laddr.port == port and c.pid]  # fmt: skip
     assert pids
     failures = 0
-    for i in range(200):  # bounded load; the kill happens early in it
+    for i in range(300):  # bounded load; the kill happens early in it
         if i == 20:
             psutil.Process(pids[0]).kill()
         try:
@@ -97,7 +99,7 @@ def test_killed_replica_is_replaced_and_requests_keep_working(control_plane, cha
     def replaced():
         s = api(control_plane, "GET", f"/v1/services/{chat_service}").json()
         ready = {r["id"] for r in s["replicas"] if r["status"] == "READY"}
-        return len(ready) == 2 and victim["id"] not in ready
+        return len(ready) == 3 and victim["id"] not in ready
     wait_for(replaced, timeout=90, what="a replacement replica")
     history = api(control_plane, "GET", f"/v1/services/{chat_service}").json()["replicas"]
     dead = next(r for r in history if r["id"] == victim["id"])
