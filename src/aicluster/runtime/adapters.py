@@ -117,6 +117,16 @@ def _env(req: LaunchRequest, **extra: str) -> dict[str, str]:
     return env
 
 
+def _plan(req: LaunchRequest, engine: str, argv, ready: ReadyCheck, **extra) -> LaunchPlan:
+    """The fields every engine's plan shares; `extra` overrides or adds the rest."""
+    fields = dict(
+        engine=engine, model=req.model, served_model_name=req.name, host=req.host,
+        port=req.port, argv=tuple(argv), env=_env(req), health_path="/health", ready=ready,
+    )  # fmt: skip
+    fields.update(extra)
+    return LaunchPlan(**fields)
+
+
 def _vllm(req: LaunchRequest) -> LaunchPlan:
     args = dict(req.engine_args)
     tp = args.pop("tensor_parallel_size", None) or max(1, len(req.gpu_ids))
@@ -134,17 +144,7 @@ def _vllm(req: LaunchRequest) -> LaunchPlan:
         req.name,
         *flags(args),
     ]
-    return LaunchPlan(
-        engine="vllm",
-        model=req.model,
-        served_model_name=req.name,
-        host=req.host,
-        port=req.port,
-        argv=tuple(argv),
-        env=_env(req),
-        health_path="/health",
-        ready=ReadyCheck("/v1/models", contains=req.name),
-    )
+    return _plan(req, "vllm", argv, ReadyCheck("/v1/models", contains=req.name))
 
 
 def _tgi(req: LaunchRequest) -> LaunchPlan:
@@ -162,17 +162,7 @@ def _tgi(req: LaunchRequest) -> LaunchPlan:
         str(shards),
         *flags(args),
     ]
-    return LaunchPlan(
-        engine="tgi",
-        model=req.model,
-        served_model_name=req.name,
-        host=req.host,
-        port=req.port,
-        argv=tuple(argv),
-        env=_env(req),
-        health_path="/health",
-        ready=ReadyCheck("/health"),
-    )
+    return _plan(req, "tgi", argv, ReadyCheck("/health"))
 
 
 def _ollama(req: LaunchRequest) -> LaunchPlan:
@@ -209,17 +199,8 @@ def _python_module(engine: str, module: str) -> Callable[[LaunchRequest], Launch
         else:  # the simulator loads nothing: its model is only a name
             argv += ["--model", req.name]
         argv += flags(req.engine_args)
-        return LaunchPlan(
-            engine=engine,
-            model=req.model,
-            served_model_name=req.name,
-            host=req.host,
-            port=req.port,
-            argv=tuple(argv),
-            env=_env(req, PYTHONUNBUFFERED="1"),
-            health_path="/health",
-            ready=ReadyCheck("/v1/models", contains=req.name),
-        )
+        return _plan(req, engine, argv, ReadyCheck("/v1/models", contains=req.name),
+                     env=_env(req, PYTHONUNBUFFERED="1"))  # fmt: skip
 
     return build
 

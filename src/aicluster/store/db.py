@@ -39,6 +39,11 @@ class Principal:
         return self.role == "admin"
 
 
+def fields_of(cls, row) -> dict:
+    """The row's values for every field of the record dataclass `cls`."""
+    return {c: getattr(row, c) for c in cls.__dataclass_fields__}
+
+
 @dataclass(frozen=True)
 class JobRecord:
     id: str
@@ -63,9 +68,7 @@ class JobRecord:
 
     @classmethod
     def of(cls, row: JobRow) -> JobRecord:
-        d = {c: getattr(row, c) for c in cls.__dataclass_fields__}
-        d["status"] = JobStatus(row.status)
-        return cls(**d)
+        return cls(**{**fields_of(cls, row), "status": JobStatus(row.status)})
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ class EventRecord:
 
     @classmethod
     def of(cls, row: EventRow) -> EventRecord:
-        return cls(**{c: getattr(row, c) for c in cls.__dataclass_fields__})
+        return cls(**fields_of(cls, row))
 
 
 def digest(token: str) -> str:

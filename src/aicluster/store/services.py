@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 
 from aicluster.core.replica import LIVE, ReplicaReason, ReplicaStatus, check_replica_transition
-from aicluster.store.db import Conflict, NotFound, Store
+from aicluster.store.db import Conflict, NotFound, Store, fields_of
 from aicluster.store.schema import TeamRow
 from aicluster.store.service_schema import ReplicaRow, ServiceRow
 
@@ -31,7 +31,7 @@ class ServiceRecord:
 
     @classmethod
     def of(cls, row: ServiceRow) -> ServiceRecord:
-        return cls(**{c: getattr(row, c) for c in cls.__dataclass_fields__})
+        return cls(**fields_of(cls, row))
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,7 @@ class ReplicaRecord:
 
     @classmethod
     def of(cls, row: ReplicaRow) -> ReplicaRecord:
-        d = {c: getattr(row, c) for c in cls.__dataclass_fields__}
-        d["status"] = ReplicaStatus(row.status)
-        return cls(**d)
+        return cls(**{**fields_of(cls, row), "status": ReplicaStatus(row.status)})
 
 
 class ServiceStore:
