@@ -18,7 +18,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[torch,test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# Workloads run sandboxed (their own Unix user, a mount namespace) with Debian's bubblewrap.
+BWRAP := /usr/bin/bwrap
+
+$(BWRAP):
+	@if command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	  ($$SUDO apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq bubblewrap \
+	  || echo "could not install bubblewrap: workloads will run unsandboxed (see README)"; \
+	else echo "no apt-get: install bubblewrap at $(BWRAP) or workloads run unsandboxed"; fi
+
+install: $(STAMP) $(BWRAP)
 
 run: install
 	$(BIN)/aicluster up

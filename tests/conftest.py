@@ -18,7 +18,13 @@ SESSION_HOME = Path(tempfile.mkdtemp(prefix="aic-test-"))
 
 
 def pytest_configure(config):
+    import os
+
     from aicluster.engine.rayenv import apply_ray_env
+
+    # Stands for an operator's cloud credentials in the environment the nodes start with;
+    # tests/integration/test_sandbox.py checks that no workload ever sees it.
+    os.environ.setdefault("AWS_AICLUSTER_CANARY_SECRET", "canary-" + os.urandom(8).hex())
 
     apply_ray_env(SESSION_HOME / "ray-session")
 
@@ -42,10 +48,22 @@ def ray_cluster(session_home):
 @pytest.fixture(scope="session")
 def control_plane(session_home, ray_cluster):
     cluster, _ = ray_cluster
-    cp = ControlPlaneProc(session_home / "cp", cluster.address, free_port())
+    shared = session_home / "shared"
+    shared.mkdir(mode=0o1777, exist_ok=True)
+    shared.chmod(0o1777)
+    cp = ControlPlaneProc(session_home / "cp", cluster.address, free_port(), shared=shared)
     cp.start()
     yield cp
     cp.stop()
+
+
+@pytest.fixture
+def shared_dir(control_plane, request) -> Path:
+    """A fresh folder that jobs may write (a declared shared path), for tests that watch
+    what jobs do from outside; jobs run sandboxed, so the test's own tmp_path is hidden."""
+    path = Path(tempfile.mkdtemp(prefix=request.node.name[:40] + "-", dir=control_plane.shared))
+    path.chmod(0o777)
+    return path
 
 
 @pytest.fixture(scope="session")

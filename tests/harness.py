@@ -70,6 +70,7 @@ class ControlPlaneProc:
     ray_address: str
     port: int
     proc: subprocess.Popen | None = None
+    shared: Path | None = None  # a folder jobs may write (their sandbox hides the rest of /tmp)
 
     @property
     def url(self) -> str:
@@ -85,7 +86,8 @@ class ControlPlaneProc:
         log = open(self.home / "controlplane.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "aicluster.api.server", "--home", str(self.home),
-             "--ray-address", self.ray_address, "--port", str(self.port)],
+             "--ray-address", self.ray_address, "--port", str(self.port),
+             *(["--shared-path", str(self.shared)] if self.shared else [])],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         client = Client(self.url, None, timeout=5)

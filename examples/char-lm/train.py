@@ -4,8 +4,8 @@
 Runs as a 1-worker aicluster job or on its own (`python train.py`). It reads a small
 text corpus (`corpus.txt`, beside this script, by default), trains
 `aicluster.runtime.charlm.CharLM` on random windows of it, and saves the model folder
-(`model.pt` + `config.json`) to `--out`: default `$AICLUSTER_CHECKPOINT_DIR` (set by the
-platform for jobs), else `./model`. Only rank 0 writes, so a larger gang is harmless.
+(`model.pt` + `config.json`) to `--out`: default `$AICLUSTER_CHECKPOINT_DIR` (if the job
+sets it in its `env`), else `./model`. Only rank 0 writes, so a larger gang is harmless.
 
 Lines meant for programs (each flushed as it is written):
 

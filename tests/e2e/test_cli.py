@@ -17,7 +17,8 @@ import psutil
 import pytest
 
 from aicluster.engine.raynode import installation_processes
-from harness import free_port
+from aicluster.engine.rayenv import ray_temp_dir
+from harness import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 AICLUSTER = [sys.executable, "-m", "aicluster.cli.main"]
@@ -147,11 +148,17 @@ def test_deploy_a_service_and_call_it_with_openai(platform):
     wait_for(lambda: sdk.services() == [], timeout=60, what="the service to go")
 
 
-def test_down_leaves_no_process(platform):
+def test_down_leaves_no_process(platform, tmp_path):
     home, worker_home, _ = platform
     assert installation_processes(home)
+    spec = tmp_path / "nap.yaml"
+    spec.write_text("kind: job\nname: left-running\ncommand: sleep 600\n")
+    run(home, "submit", str(spec))
+    work = [ray_temp_dir(h) / "aicluster-work" for h in (home, worker_home)]
+    wait_for(lambda: any(w.exists() and any(w.iterdir()) for w in work), what="a work folder")
     run(worker_home, "down")
     run(home, "down")
+    assert not any(w.exists() for w in work), "down removes the workloads' folders"
     assert installation_processes(home) == []
     assert installation_processes(worker_home) == []
     assert not [c for c in _cmdlines() if "aicluster.api.server" in c and str(home) in c]
@@ -165,3 +172,16 @@ def _cmdlines() -> list[str]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return out
+
+
+@pytest.mark.parametrize(
+    "args,named",
+    [(("up", "--pool", "Bad Pool"), "--pool"), (("up", "--label", "rack=r1\x1b[31m"), "--label"),
+     (("join", "127.0.0.1:1", "--pool", "p\nFAKE"), "--pool"),
+     (("join", "127.0.0.1:1", "--gpu-model", "H100\x07"), "--gpu-model")],
+)  # fmt: skip
+def test_bad_pool_label_and_gpu_model_are_refused_before_anything_is_written(tmp_path, args, named):
+    home = tmp_path / "h"
+    proc = run(home, *args, check=False, timeout=60)
+    assert proc.returncode == 2 and named in proc.stderr and "Traceback" not in proc.stderr
+    assert not home.exists()

@@ -84,11 +84,11 @@ def test_failing_command_fails_with_its_exit_code(admin):
     assert [e["to_status"] for e in events] == ["PENDING", "ADMITTED", "RUNNING", "FAILED"]
 
 
-def test_cancel_kills_every_worker_and_frees_capacity(admin, tmp_path):
-    cmd = f"echo $$ > {tmp_path}/pid-$RANK; (sleep 600 & echo $! > {tmp_path}/child-$RANK; wait)"
+def test_cancel_kills_every_worker_and_frees_capacity(admin, shared_dir):
+    cmd = f"echo $$ > {shared_dir}/pid-$RANK; (sleep 600 & echo $! > {shared_dir}/child-$RANK; wait)"
     job = admin.submit(job_spec("sleeper", cmd, workers=2, gpus=2), None)
     admin.wait(job["id"], {"RUNNING"}, timeout=60)
-    files = [tmp_path / f"{kind}-{r}" for kind in ("pid", "child") for r in range(2)]
+    files = [shared_dir / f"{kind}-{r}" for kind in ("pid", "child") for r in range(2)]
     wait_for(lambda: all(f.exists() and f.read_text().strip() for f in files), what="pids")
     pids = [int(f.read_text()) for f in files]
     assert all(psutil.pid_exists(p) for p in pids)

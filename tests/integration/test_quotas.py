@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from harness import wait_for
 
-# Resumable: keeps its progress in AICLUSTER_CHECKPOINT_DIR and says where it resumed.
+# Resumable: keeps its progress in $CKPT (a shared folder: the sandbox gives every attempt a
+# fresh private /tmp) and says where it resumed.
 RESUMABLE = (
-    'mkdir -p "$AICLUSTER_CHECKPOINT_DIR"; f="$AICLUSTER_CHECKPOINT_DIR/rank$RANK"; '
+    'mkdir -p "$CKPT"; f="$CKPT/rank$RANK"; '
     'if [ -f "$f" ]; then echo "resumed from $(cat $f)"; fi; '
     'echo "attempt $AICLUSTER_ATTEMPT" > "$f"; sleep 600'
 )
 
 
-def test_team_reclaims_quota_by_preempting_a_borrower(admin):
+def test_team_reclaims_quota_by_preempting_a_borrower(admin, shared_dir):
     for team in ("q-owner", "q-borrower"):
         if team not in admin.teams():
             admin.create_team(team)
@@ -21,7 +22,8 @@ def test_team_reclaims_quota_by_preempting_a_borrower(admin):
     set_quota("q-owner", {"gpus": 4, "borrow_gpus": 0})
     set_quota("q-borrower", {"gpus": 0})
     borrower = admin.submit({"kind": "job", "name": "borrow", "team": "q-borrower", "workers": 2,
-                             "resources": {"gpus": 2}, "command": RESUMABLE}, None)  # fmt: skip
+                             "resources": {"gpus": 2}, "command": RESUMABLE,
+                             "env": {"CKPT": str(shared_dir / "ckpt")}}, None)  # fmt: skip
     admin.wait(borrower["id"], {"RUNNING"}, timeout=60)
     try:
         owner = admin.submit({"kind": "job", "name": "reclaim", "team": "q-owner",

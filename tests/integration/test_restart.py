@@ -6,8 +6,8 @@ from __future__ import annotations
 from harness import TERMINAL, wait_for
 
 
-def test_control_plane_restart_mid_job(control_plane, admin, tmp_path):
-    marker = tmp_path / "starts"
+def test_control_plane_restart_mid_job(control_plane, admin, shared_dir):
+    marker = shared_dir / "starts"
     cmd = (
         f"echo start-$RANK >> {marker}; "
         "for i in $(seq 1 16); do echo tick-$i; sleep 0.5; done"
@@ -63,8 +63,9 @@ def test_replicas_survive_a_control_plane_restart(control_plane):
     api("DELETE", "/v1/services/steady")
 
 
-def test_kill9_at_several_points_of_a_workload_every_job_ends_once(control_plane, admin, tmp_path):
-    marker = tmp_path / "starts"
+def test_kill9_at_several_points_of_a_workload_every_job_ends_once(control_plane, admin,
+                                                                     shared_dir):
+    marker = shared_dir / "starts"
     cmd = f"echo $AICLUSTER_JOB_ID >> {marker}; sleep 0.5"
     jobs = []
     # Three kills at different points: right after a burst of submissions (jobs pending and

@@ -4,53 +4,23 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
 
+from aicluster.api.bodies import NodeActionBody, QuotaBody, SubmitBody, TeamBody, TokenBody
+from aicluster.api.errors import BODY, error, install_error_handlers, responses
+from aicluster.api.limits import BodyLimitMiddleware
+from aicluster.api.strict_json import StrictJSONRoute, finite
 from aicluster.control.service import BadRequest, ForbiddenError, NotFoundError, Services
 from aicluster.control.snapshot import allocations, job_workload
 from aicluster.core.lifecycle import JobStatus
 from aicluster.core.model import Quota, Res
-from aicluster.spec.errors import SpecError
+from aicluster.spec.limits import INT64_MAX, MAX_TEXT
+from aicluster.spec.names import NAME_PATTERN
 from aicluster.store.db import Conflict, JobRecord, NotFound, Principal
 
 _bearer = HTTPBearer(auto_error=False)
-
-
-class SubmitBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    spec: dict
-    workdir: str | None = None
-
-
-class NodeActionBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    grace_s: float = Field(default=300.0, ge=0)
-
-
-class QuotaBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    gpus: int = Field(ge=0)
-    borrow_gpus: int | None = Field(default=None, ge=0)
-    lend_gpus: int | None = Field(default=None, ge=0)
-    cpus: float | None = Field(default=None, ge=0)
-    memory: int | None = Field(default=None, ge=0)
-    weight: float = Field(default=1.0, gt=0)
-    cohort: str = "default"
-
-
-class TeamBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str
-
-
-class TokenBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    user: str
-    team: str | None = None
-    role: str = "member"
 
 
 def job_json(job: JobRecord, events=None) -> dict:
@@ -61,32 +31,42 @@ def job_json(job: JobRecord, events=None) -> dict:
     d["has_workdir"] = bool(d.pop("workdir", None))
     if events is not None:
         d["events"] = [asdict(e) for e in events]
-    return d
+    return finite(d)
 
 
 def _error(status: int, message: str, **extra) -> JSONResponse:
-    return JSONResponse({"detail": {"message": message, **extra}}, status_code=status)
+    return error(status, message, **extra)
+
+
+# Error statuses per kind of route, declared in the OpenAPI document.
+AUTHED = (401,)
+SCOPED = (401, 404)  # an object of another team is "not found"
+WRITE = (401, 403)  # viewers change nothing
+ADMIN = (401, 403)  # admins only
+JobId = Path(max_length=128, description="a job id")
+TeamName = Path(pattern=NAME_PATTERN, max_length=63, description="a team")
+PoolName = Path(pattern=NAME_PATTERN, max_length=63, description="a pool")
 
 
 def create_app(services: Services, routers=()) -> FastAPI:
     """`routers`: factories `(principal_dependency) -> APIRouter` for more routes
     (services, the gateway, artifacts), so each part authenticates the same way."""
     app = FastAPI(title="aicluster", version="0.1.0", description="aicluster control-plane API")
+    app.router.route_class = StrictJSONRoute  # no NaN, Infinity, 2**64 or deep nesting
+    app.add_middleware(BodyLimitMiddleware)  # before parsing and before authentication
+    install_error_handlers(app, {NotFoundError: 404, NotFound: 404, ForbiddenError: 403,
+                                 BadRequest: 400, Conflict: 409})  # fmt: skip
 
-    @app.exception_handler(SpecError)
-    async def _spec_error(_req: Request, exc: SpecError):
-        return _error(422, str(exc), issues=exc.to_dict()["issues"])
-
-    for exc_type, status in (
-        (NotFoundError, 404), (NotFound, 404), (ForbiddenError, 403),
-        (BadRequest, 400), (Conflict, 409),
-    ):  # fmt: skip
-        app.add_exception_handler(exc_type, _handler(status))
-
-    def principal(creds: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Principal:
+    def principal(
+        request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)
+    ) -> Principal:
         who = services.store.authenticate(creds.credentials) if creds else None
         if who is None:
             raise _Unauthorized()
+        if who.job_id is not None and not job_token_may(request.method, request.url.path):
+            raise ForbiddenError(
+                "a job's token may only read its team's artifacts and write its own checkpoints"
+            )
         return who
 
     @app.exception_handler(_Unauthorized)
@@ -99,37 +79,37 @@ def create_app(services: Services, routers=()) -> FastAPI:
     def healthz():
         return {"status": "ok"}
 
-    @app.get("/v1/whoami")
+    @app.get("/v1/whoami", responses=responses(*AUTHED))
     def whoami(who: Principal = Depends(principal)):
         return asdict(who)
 
-    @app.post("/v1/jobs", status_code=201)
+    @app.post("/v1/jobs", status_code=201, responses=responses(*WRITE, *BODY))
     def submit(body: SubmitBody, who: Principal = Depends(principal)):
         return job_json(services.submit(who, body.spec, body.workdir))
 
-    @app.get("/v1/jobs")
+    @app.get("/v1/jobs", responses=responses(*AUTHED, 400, 422))
     def list_jobs(
-        status: list[str] | None = Query(default=None),
-        team: str | None = None,
+        status: list[str] | None = Query(default=None, max_length=16),
+        team: str | None = Query(default=None, max_length=63),
         who: Principal = Depends(principal),
     ):
         return {"jobs": [job_json(j) for j in services.list_jobs(who, status, team)]}
 
-    @app.get("/v1/jobs/{job_id}")
-    def get_job(job_id: str, who: Principal = Depends(principal)):
+    @app.get("/v1/jobs/{job_id}", responses=responses(*SCOPED, 422))
+    def get_job(job_id: str = JobId, who: Principal = Depends(principal)):
         job = services.get_job(who, job_id)
         return job_json(job, services.store.list_events(object_id=job.id))
 
-    @app.post("/v1/jobs/{job_id}/cancel")
-    def cancel(job_id: str, who: Principal = Depends(principal)):
+    @app.post("/v1/jobs/{job_id}/cancel", responses=responses(*SCOPED, *WRITE, 422))
+    def cancel(job_id: str = JobId, who: Principal = Depends(principal)):
         return job_json(services.cancel(who, job_id))
 
-    @app.get("/v1/jobs/{job_id}/logs")
+    @app.get("/v1/jobs/{job_id}/logs", responses=responses(*SCOPED, 400, 422))
     def logs(
-        job_id: str,
-        rank: int = 0,
-        attempt: int | None = None,
-        offset: int = Query(default=0, ge=0),
+        job_id: str = JobId,
+        rank: int = Query(default=0, ge=0, le=INT64_MAX),
+        attempt: int | None = Query(default=None, ge=0, le=INT64_MAX),
+        offset: int = Query(default=0, ge=0, le=INT64_MAX),
         who: Principal = Depends(principal),
     ):
         data, job, att = services.read_logs(who, job_id, rank, attempt, offset)
@@ -140,7 +120,7 @@ def create_app(services: Services, routers=()) -> FastAPI:
         }
         return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
 
-    @app.get("/v1/nodes")
+    @app.get("/v1/nodes", responses=responses(*AUTHED))
     def nodes(who: Principal = Depends(principal)):
         active = services.store.list_jobs(statuses=[JobStatus.ADMITTED, JobStatus.RUNNING])
         used = allocations([job_workload(j) for j in active] + services.other_workloads())
@@ -156,8 +136,9 @@ def create_app(services: Services, routers=()) -> FastAPI:
             out.append(d)
         return {"nodes": out}
 
-    @app.post("/v1/nodes/{node}/{action}")
-    def node_action(node: str, action: str, body: NodeActionBody | None = None,
+    @app.post("/v1/nodes/{node}/{action}", responses=responses(*ADMIN, 404, *BODY))
+    def node_action(node: str = Path(max_length=MAX_TEXT), action: str = Path(max_length=64),
+                    body: NodeActionBody | None = None,
                     who: Principal = Depends(principal)):  # fmt: skip
         if action not in ("cordon", "drain", "uncordon"):
             raise NotFoundError(f"unknown node action {action!r}: cordon, drain or uncordon")
@@ -165,38 +146,39 @@ def create_app(services: Services, routers=()) -> FastAPI:
         rec = services.node_action(who, node, action, grace)
         return {"node_id": rec.node_id, "state": rec.state.value, "reason": rec.reason}
 
-    @app.get("/v1/events")
+    @app.get("/v1/events", responses=responses(*AUTHED, 422))
     def events(
-        after: int = Query(default=0, ge=0),
-        object_id: str | None = None,
+        after: int = Query(default=0, ge=0, le=INT64_MAX),
+        object_id: str | None = Query(default=None, max_length=MAX_TEXT),
         who: Principal = Depends(principal),
     ):
         return {"events": [asdict(e) for e in services.events(who, after, object_id)]}
 
-    @app.get("/v1/teams")
+    @app.get("/v1/teams", responses=responses(*AUTHED))
     def teams(who: Principal = Depends(principal)):
         names = services.store.list_teams()
         return {"teams": names if who.is_admin else [t for t in names if t == who.team]}
 
-    @app.post("/v1/teams", status_code=201)
+    @app.post("/v1/teams", status_code=201, responses=responses(*ADMIN, 409, *BODY))
     def create_team(body: TeamBody, who: Principal = Depends(principal)):
         services.create_team(who, body.name)
         return {"name": body.name}
 
-    @app.put("/v1/teams/{team}/quotas/{pool}")
-    def set_quota(team: str, pool: str, body: QuotaBody, who: Principal = Depends(principal)):
+    @app.put("/v1/teams/{team}/quotas/{pool}", responses=responses(*ADMIN, 404, *BODY))
+    def set_quota(team: str = TeamName, pool: str = PoolName, *, body: QuotaBody,
+                  who: Principal = Depends(principal)):  # fmt: skip
         q = services.set_quota(who, Quota(team=team, pool=pool, **body.model_dump()))
         return asdict(q)
 
-    @app.get("/v1/quotas")
+    @app.get("/v1/quotas", responses=responses(*AUTHED))
     def quotas(who: Principal = Depends(principal)):
         return {"quotas": [asdict(q) for q in services.list_quotas(who)]}
 
-    @app.get("/v1/queue")
+    @app.get("/v1/queue", responses=responses(*AUTHED))
     def queue(who: Principal = Depends(principal)):
         return {"queue": services.pending_queue(who)}
 
-    @app.post("/v1/tokens", status_code=201)
+    @app.post("/v1/tokens", status_code=201, responses=responses(*ADMIN, 404, 409, *BODY))
     def create_token(body: TokenBody, who: Principal = Depends(principal)):
         token = services.create_token(who, body.user, body.team, body.role)
         return {"user": body.user, "team": body.team, "role": body.role, "token": token}
@@ -206,12 +188,15 @@ def create_app(services: Services, routers=()) -> FastAPI:
     return app
 
 
+def job_token_may(method: str, path: str) -> bool:
+    """The routes a job's scoped token reaches (store.db.Principal says which artifacts)."""
+    if path == "/v1/whoami":
+        return True
+    if path.startswith("/v1/artifacts/uploads"):
+        return True  # its own upload sessions; ArtifactService checks the artifact's name
+    return method in ("GET", "HEAD") and path.startswith("/v1/artifacts")
+
+
 class _Unauthorized(Exception):
     pass
 
-
-def _handler(status: int):
-    async def handle(_req: Request, exc: Exception):
-        return _error(status, str(exc).strip("'\""))
-
-    return handle

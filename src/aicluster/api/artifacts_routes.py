@@ -4,27 +4,41 @@ Upload protocol: POST /v1/artifacts/uploads (declare files; answers the missing
 digests) -> PUT .../uploads/{id}/blobs/{sha256} for each missing one (streamed;
 the server hashes as it writes and publishes the blob only if it matches) ->
 POST .../uploads/{id}/commit (409 with `missing` when storage still lacks blobs).
-Downloads stream through GET .../versions/{version}/blobs/{sha256}; the client
+Downloads stream through GET .../versions/{version}/blobs/{sha256}; the server
+hashes the blob before it sends a byte (a corrupt one answers 409) and the client
 checks each file's hash too.
+
+Errors: every route answers `{"detail": {"message": ...}}` (ErrorBody) with the
+statuses its OpenAPI entry lists; the message names the field, path or file at
+fault. Request validation errors of these routes take that shape too (422, with
+`issues`), and storage trouble answers 409 (a corrupt or missing stored blob) or
+503 (storage unreachable), never 500.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 
 from fastapi import APIRouter, Depends, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.concurrency import run_in_threadpool
 
-from aicluster.control.artifacts import ArtifactService
+from aicluster.api.errors import ErrorBody
+from aicluster.control.artifacts import MAX_JOB_ID, ArtifactService
 from aicluster.control.service import BadRequest
 from aicluster.store.artifacts import (
     ArtifactRecord,
     BlobCorrupt,
+    ManifestError,
+    RefError,
     StorageError,
     VersionRecord,
 )
+from aicluster.store.artifacts.manifest import MAX_FILES, MAX_SIZE
 from aicluster.store.artifacts.repository import MissingBlobs
 
 WRITE_BATCH = 4 << 20
@@ -33,7 +47,7 @@ WRITE_BATCH = 4 << 20
 class FileBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str
-    size: int = Field(ge=0)
+    size: StrictInt = Field(ge=0, le=MAX_SIZE)
     sha256: str
 
 
@@ -41,9 +55,78 @@ class UploadBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(description="[team/]name[:version|:tag]")
     kind: str = "model"
-    files: list[FileBody]
+    files: list[FileBody] = Field(max_length=MAX_FILES)
     metadata: dict = Field(default_factory=dict)
-    producer_job: str | None = None
+    producer_job: str | None = Field(
+        default=None, max_length=MAX_JOB_ID, description="a job of the artifact's team"
+    )
+
+
+_WHY = {
+    400: "Invalid name, version, tag, file list, metadata or producer_job",
+    401: "Missing or invalid API token",
+    403: "Not allowed (another team's artifact, or a viewer)",
+    404: "No such artifact, version, tag, upload or blob (or not readable by the caller)",
+    409: "Conflict: version taken, blobs missing (commit: `missing` lists them), or a stored "
+    "blob is corrupt or gone",
+    413: "Request body too large",
+    422: "Request body or parameters of the wrong type",
+    503: "Artifact storage unreachable or misconfigured",
+}
+
+
+def errors(*codes: int, params: bool = True) -> dict:
+    """OpenAPI `responses` for these error statuses: 401 always (every route needs a
+    token), 422 where the route has parameters (FastAPI would declare its own shape)."""
+    codes = {401, *codes} | ({422} if params else set())
+    return {c: {"model": ErrorBody, "description": _WHY[c]} for c in sorted(codes)}
+
+
+def _error(status: int, message: str, **extra) -> JSONResponse:
+    return JSONResponse({"detail": {"message": message, **extra}}, status_code=status)
+
+
+def _text(value) -> str:
+    """Printable and encodable: a client's key may hold lone surrogates or control bytes."""
+    text = str(value)
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
+def _field(loc) -> str:
+    parts = [_text(p)[:80] for p in loc]
+    if parts and parts[0] in ("body", "path", "query", "header"):
+        parts = parts[1:] or parts
+    return ".".join(parts)
+
+
+def _validation_error(exc: RequestValidationError) -> JSONResponse:
+    issues = [{"field": _field(e.get("loc", ())), "message": _text(e.get("msg", ""))}
+              for e in exc.errors()[:20]]  # fmt: skip
+    message = "; ".join(f"{i['field']}: {i['message']}" for i in issues[:3]) or "invalid request"
+    return _error(422, message, field=issues[0]["field"] if issues else None, issues=issues)
+
+
+class ArtifactRoute(APIRoute):
+    """Maps the artifact layer's errors to 4xx/503 answers of the ErrorBody shape."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                return _validation_error(exc)
+            except BlobCorrupt as exc:
+                return _error(409, f"artifact storage: {exc}")
+            except FileNotFoundError as exc:  # a stored blob or manifest is gone
+                return _error(409, f"artifact storage: {exc}")
+            except (ManifestError, RefError) as exc:
+                return _error(400, str(exc))
+            except StorageError as exc:
+                return _error(503, f"artifact storage: {exc}")
+
+        return handle
 
 
 class TagBody(BaseModel):
@@ -70,14 +153,11 @@ def artifact_json(a: ArtifactRecord, versions: list[VersionRecord] | None = None
     return d
 
 
-def _storage_error(exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": {"message": f"artifact storage: {exc}"}}, status_code=503)
-
-
 def artifact_router(svc: ArtifactService, principal) -> APIRouter:
-    r = APIRouter(tags=["artifacts"])
+    r = APIRouter(tags=["artifacts"], route_class=ArtifactRoute)
 
-    @r.post("/v1/artifacts/uploads", status_code=201)
+    @r.post("/v1/artifacts/uploads", status_code=201,
+            responses=errors(400, 403, 404, 409, 413, 422, 503))  # fmt: skip
     def begin(body: UploadBody, who=Depends(principal)):
         files = [f.model_dump() for f in body.files]
         up, missing = svc.begin_upload(
@@ -85,11 +165,12 @@ def artifact_router(svc: ArtifactService, principal) -> APIRouter:
         )
         return {"upload_id": up.id, "team": up.team, "name": up.name, "missing": missing}
 
-    @r.get("/v1/artifacts/uploads/{upload_id}")
+    @r.get("/v1/artifacts/uploads/{upload_id}", responses=errors(404, 503))
     def missing(upload_id: str, who=Depends(principal)):
         return {"upload_id": upload_id, "missing": svc.missing(who, upload_id)}
 
-    @r.put("/v1/artifacts/uploads/{upload_id}/blobs/{digest}")
+    @r.put("/v1/artifacts/uploads/{upload_id}/blobs/{digest}",
+           responses=errors(400, 404, 503))  # fmt: skip
     async def put_blob(upload_id: str, digest: str, request: Request, who=Depends(principal)):
         writer = await run_in_threadpool(svc.blob_writer, who, upload_id, digest)
         buf = bytearray()
@@ -109,7 +190,8 @@ def artifact_router(svc: ArtifactService, principal) -> APIRouter:
             raise
         return {"sha256": digest, "size": size}
 
-    @r.post("/v1/artifacts/uploads/{upload_id}/commit", status_code=201)
+    @r.post("/v1/artifacts/uploads/{upload_id}/commit", status_code=201,
+            responses=errors(400, 404, 409, 503))  # fmt: skip
     def commit(upload_id: str, who=Depends(principal)):
         try:
             return version_json(svc.commit(who, upload_id))
@@ -117,57 +199,58 @@ def artifact_router(svc: ArtifactService, principal) -> APIRouter:
             detail = {"message": str(exc), "missing": exc.digests}
             return JSONResponse({"detail": detail}, status_code=409)
 
-    @r.delete("/v1/artifacts/uploads/{upload_id}", status_code=204)
+    @r.delete("/v1/artifacts/uploads/{upload_id}", status_code=204, responses=errors(404))
     def abort(upload_id: str, who=Depends(principal)):
         svc.abort(who, upload_id)
         return Response(status_code=204)
 
-    @r.get("/v1/artifacts")
+    @r.get("/v1/artifacts", responses=errors(400, 422))
     def list_artifacts(team: str | None = None, who=Depends(principal)):
         return {"artifacts": [artifact_json(a) for a in svc.list_artifacts(who, team)]}
 
-    @r.post("/v1/artifacts/gc")
+    @r.post("/v1/artifacts/gc", responses=errors(403, 409, 503, params=False))
     def gc(who=Depends(principal)):
         return asdict(svc.gc(who))
 
-    @r.get("/v1/artifacts/{team}/{name}")
+    @r.get("/v1/artifacts/{team}/{name}", responses=errors(400, 404))
     def describe(team: str, name: str, who=Depends(principal)):
         art, versions = svc.get(who, f"{team}/{name}")
         return artifact_json(art, versions)
 
-    @r.get("/v1/artifacts/{team}/{name}/versions/{selector}")
+    @r.get("/v1/artifacts/{team}/{name}/versions/{selector}",
+           responses=errors(400, 404, 409, 503))  # fmt: skip
     def describe_version(team: str, name: str, selector: str, who=Depends(principal)):
-        try:
-            v, manifest = svc.version(who, f"{team}/{name}:{selector}")
-        except StorageError as exc:
-            return _storage_error(exc)
+        v, manifest = svc.version(who, f"{team}/{name}:{selector}")
         return version_json(v, manifest)
 
-    @r.get("/v1/artifacts/{team}/{name}/versions/{selector}/blobs/{digest}")
+    @r.get("/v1/artifacts/{team}/{name}/versions/{selector}/blobs/{digest}",
+           responses=errors(400, 404, 409, 503))  # fmt: skip
     def get_blob(team: str, name: str, selector: str, digest: str, who=Depends(principal)):
         size, chunks = svc.blob(who, f"{team}/{name}:{selector}", digest)
         headers = {"Content-Length": str(size), "X-Sha256": digest}
         return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
 
-    @r.delete("/v1/artifacts/{team}/{name}/versions/{selector}")
+    @r.delete("/v1/artifacts/{team}/{name}/versions/{selector}",
+              responses=errors(400, 403, 404, 409, 503))  # fmt: skip
     def delete_version(team: str, name: str, selector: str, who=Depends(principal)):
         return version_json(svc.delete(who, f"{team}/{name}:{selector}"))
 
-    @r.put("/v1/artifacts/{team}/{name}/tags/{tag}")
+    @r.put("/v1/artifacts/{team}/{name}/tags/{tag}", responses=errors(400, 403, 404, 413, 422))
     def tag(team: str, name: str, tag: str, body: TagBody, who=Depends(principal)):
         sel = f":{body.version}" if body.version else ""
         return version_json(svc.tag(who, f"{team}/{name}{sel}", tag))
 
-    @r.delete("/v1/artifacts/{team}/{name}/tags/{tag}", status_code=204)
+    @r.delete("/v1/artifacts/{team}/{name}/tags/{tag}", status_code=204,
+              responses=errors(400, 403, 404))  # fmt: skip
     def untag(team: str, name: str, tag: str, who=Depends(principal)):
         svc.untag(who, f"{team}/{name}", tag)
         return Response(status_code=204)
 
-    @r.put("/v1/artifacts/{team}/{name}/shares/{other}")
+    @r.put("/v1/artifacts/{team}/{name}/shares/{other}", responses=errors(400, 403, 404))
     def share(team: str, name: str, other: str, who=Depends(principal)):
         return artifact_json(svc.share(who, f"{team}/{name}", [other], True))
 
-    @r.delete("/v1/artifacts/{team}/{name}/shares/{other}")
+    @r.delete("/v1/artifacts/{team}/{name}/shares/{other}", responses=errors(400, 403, 404))
     def unshare(team: str, name: str, other: str, who=Depends(principal)):
         return artifact_json(svc.share(who, f"{team}/{name}", [other], False))
 

@@ -15,7 +15,7 @@ import os
 import threading
 from pathlib import Path
 
-from aicluster.engine.rayenv import apply_ray_env
+from aicluster.engine.rayenv import apply_ray_env, ray_temp_dir
 
 log = logging.getLogger("aicluster.controlplane")
 
@@ -52,7 +52,7 @@ class ControlPlane:
     """Wires store, engine, controller and API; `serve()` blocks until shutdown."""
 
     def __init__(self, home: Path, ray_address: str, host: str, port: int, tick_s: float = 0.2,
-                 policy: str = "fair"):  # fmt: skip
+                 policy: str = "fair", shared_paths: list[Path] = ()):  # fmt: skip
         apply_ray_env(home, loopback=ray_address.startswith("127."))
         from aicluster.api.app import create_app
         from aicluster.api.artifacts_routes import artifact_router
@@ -64,6 +64,7 @@ class ControlPlane:
         from aicluster.control.logs import LogStore
         from aicluster.control.metrics import Metrics, StateCollector
         from aicluster.control.nodes_loop import NodeLoop
+        from aicluster.control.sandboxing import Sandboxing
         from aicluster.control.service import Services
         from aicluster.control.service_ops import ServiceOps
         from aicluster.control.services_loop import ServiceLoop
@@ -80,14 +81,19 @@ class ControlPlane:
         self.home, self.host, self.port, self.tick_s = home, host, port, tick_s
         self.store = open_store(home / "state.db")
         bootstrap_admin(self.store, home)
-        self.engine = RayEngine(ray_address)
+        sandboxing = Sandboxing(self.store.team_uid, shared=shared_paths, hidden=[
+            home, ray_temp_dir(home), Path(os.environ["RAY_AUTH_TOKEN_PATH"]).parent,
+            Path(os.environ.get("RAY_TMPDIR", ray_temp_dir(home)))])  # fmt: skip
+        sandboxing.warn_if_unavailable()
+        self.engine = RayEngine(ray_address, sandbox_for=sandboxing.policy)
         logs = LogStore(home / "logs")
         workdirs = home / "workdirs"
         self.stopping = threading.Event()
         self.wakeup = threading.Event()
         wake = self.wakeup.set
         self.metrics = Metrics()
-        self.artifacts = ArtifactService(ArtifactStore.open(self.store, home))
+        self.artifacts = ArtifactService(ArtifactStore.open(self.store, home),
+                                         job_team=self._job_team)  # fmt: skip
         self.node_loop = NodeLoop(NodeStore(self.store), HealthAgents(NAMESPACE),
                                   commands=_health_commands(home))  # fmt: skip
         quotas = QuotaStore(self.store)
@@ -105,7 +111,7 @@ class ControlPlane:
         ops = ServiceOps(service_store, table, notify=wake, artifacts=self.artifacts)
         self.metrics.add_state(StateCollector(self.store, self.engine, self.services,
                                               node_states=self.node_loop.nodes.all))  # fmt: skip
-        self.gateway = Gateway(table, self.store.authenticate, metrics=self.metrics)
+        self.gateway = Gateway(table, self._people_only, metrics=self.metrics)
         self.app = create_app(
             Services(self.store, self.engine, logs, workdirs, notify=wake,
                      other_workloads=self.services.active_workloads, node_loop=self.node_loop,
@@ -115,6 +121,16 @@ class ControlPlane:
                      lambda p: artifact_router(self.artifacts, p),
                      lambda p: metrics_router(self.metrics, p), web_router],
         )  # fmt: skip
+
+    def _people_only(self, token: str):
+        """The gateway's authentication: users' tokens only; a job's scoped token is not one."""
+        who = self.store.authenticate(token)
+        return who if who is not None and who.job_id is None else None
+
+    def _job_team(self, job_id: str) -> str | None:
+        """The team of a job, None when there is no such job (artifact producer_job check)."""
+        job = self.store.get_job(job_id)
+        return job.team if job else None
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
@@ -152,10 +168,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--policy", default="fair", choices=["fair", "fifo", "backfill"])
+    p.add_argument("--shared-path", action="append", default=[], type=Path,
+                   help="a folder every workload may read and write (shared storage)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     home = Path(args.home)
-    cp = ControlPlane(home, args.ray_address, args.host, args.port, policy=args.policy)
+    home.mkdir(parents=True, exist_ok=True)
+    os.chmod(home, 0o700)  # admin.token, state.db and every team's logs live here
+    cp = ControlPlane(home, args.ray_address, args.host, args.port, policy=args.policy,
+                      shared_paths=args.shared_path)
     (home / "controlplane.json").write_text(
         json.dumps({"pid": os.getpid(), "url": f"http://{args.host}:{args.port}"})
     )

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from fastapi import APIRouter, Depends
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Depends, Path, Query
+from pydantic import Field
 
+from aicluster.api.bodies import Body
+from aicluster.api.errors import BODY, responses
+from aicluster.api.strict_json import StrictJSONRoute, finite
 from aicluster.control.service_ops import ServiceOps
 from aicluster.store.services import ServiceRecord
 
 
-class DeployBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    spec: dict
+class DeployBody(Body):
+    spec: dict = Field(description="a service spec (kind: service)")
 
 
-class ScaleBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    replicas: int = Field(ge=0)
+class ScaleBody(Body):
+    replicas: int = Field(ge=0, le=1000)
+
+
+ServiceName = Path(max_length=63, description="a service of the caller's team")
+TeamQuery = Query(default=None, max_length=63, description="admins: the service's team")
 
 
 def service_json(ops: ServiceOps, svc: ServiceRecord, with_history: bool = False) -> dict:
@@ -35,30 +40,30 @@ def service_json(ops: ServiceOps, svc: ServiceRecord, with_history: bool = False
         "created_at": svc.created_at, "updated_at": svc.updated_at,
         "replicas": [dict(asdict(r), status=r.status.value) for r in reps],
     }  # fmt: skip
-    return d
+    return finite(d)
 
 
 def services_router(ops: ServiceOps, principal) -> APIRouter:
-    r = APIRouter()
+    r = APIRouter(route_class=StrictJSONRoute)
 
-    @r.post("/v1/services", status_code=201)
+    @r.post("/v1/services", status_code=201, responses=responses(401, 403, 404, 409, *BODY))
     def deploy(body: DeployBody, who=Depends(principal)):
         return service_json(ops, ops.deploy(who, body.spec))
 
-    @r.get("/v1/services")
+    @r.get("/v1/services", responses=responses(401))
     def list_services(who=Depends(principal)):
         return {"services": [service_json(ops, s) for s in ops.list(who)]}
 
-    @r.get("/v1/services/{name}")
-    def get_service(name: str, team: str | None = None, who=Depends(principal)):
+    @r.get("/v1/services/{name}", responses=responses(401, 404, 422))
+    def get_service(name: str = ServiceName, team: str | None = TeamQuery, who=Depends(principal)):
         return service_json(ops, ops.get(who, name, team), with_history=True)
 
-    @r.post("/v1/services/{name}/scale")
-    def scale(name: str, body: ScaleBody, team: str | None = None, who=Depends(principal)):
+    @r.post("/v1/services/{name}/scale", responses=responses(401, 403, 404, *BODY))
+    def scale(body: ScaleBody, name: str = ServiceName, team: str | None = TeamQuery, who=Depends(principal)):
         return service_json(ops, ops.scale(who, name, team, body.replicas))
 
-    @r.delete("/v1/services/{name}")
-    def delete(name: str, team: str | None = None, who=Depends(principal)):
+    @r.delete("/v1/services/{name}", responses=responses(401, 403, 404, 422))
+    def delete(name: str = ServiceName, team: str | None = TeamQuery, who=Depends(principal)):
         return service_json(ops, ops.delete(who, name, team))
 
     return r

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,12 +30,27 @@ err = Console(stderr=True)
 out = Console()
 
 
-def _parse_labels(labels: list[str] | None) -> dict[str, str]:
-    result = {}
+_LABEL_KEY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+
+
+def _node_labels(pool: str, labels: list[str] | None) -> dict[str, str]:
+    """`--pool` and `--label key=value` checked: a pool is a name (spec.names); label keys and
+    values are short, printable and safe in a Ray label, a metric and a log line."""
+    from aicluster.engine.protocol import POOL_LABEL
+    from aicluster.spec.names import check_name
+
+    try:
+        check_name(pool, "--pool")
+    except ValueError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    result = {POOL_LABEL: pool}
     for item in labels or []:
         key, sep, value = item.partition("=")
-        if not sep or not key or not value:
-            err.print(f"[red]--label must look like key=value, got {item!r}[/red]")
+        if not sep or not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
+            err.print(f"[red]--label must look like key=value (letters, digits, '.', '_', '-'; "
+                      f"a value of at most 63), got {item[:80]!r}[/red]")  # fmt: skip
             raise typer.Exit(2)
         result[key] = value
     return result
@@ -58,13 +75,15 @@ def _pid_alive(pid: int | None) -> bool:
 
 
 def _start_control_plane(home: Path, ray_address: str, host: str, port: int,
-                         policy: str = "fair") -> str:  # fmt: skip
+                         policy: str = "fair", shared: list[str] = ()) -> str:  # fmt: skip
     url = f"http://{host}:{port}"
     env = dict(os.environ)
     env.update(ray_env(home, ray_address.startswith("127.")))
     cmd = [sys.executable, "-m", "aicluster.api.server", "--home", str(home),
            "--ray-address", ray_address, "--host", host, "--port", str(port),
            "--policy", policy]  # fmt: skip
+    for path in shared:
+        cmd += ["--shared-path", path]
     log = open(home / "controlplane.log", "ab")
     proc = subprocess.Popen(
         cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -94,13 +113,16 @@ def up(
     pool: Annotated[str, typer.Option(help="pool of this node")] = "default",
     label: Annotated[Optional[list[str]], typer.Option(help="node label key=value")] = None,
     policy: Annotated[str, typer.Option(help="scheduling policy: fair, fifo or backfill")] = "fair",
+    shared_path: Annotated[Optional[list[str]], typer.Option(
+        help="a folder every job may read and write (shared storage); repeatable")] = None,
 ) -> None:
     """Start Ray and the control plane on this machine (state in AICLUSTER_HOME)."""
     if policy not in ("fair", "fifo", "backfill"):
         err.print(f"[red]--policy must be fair, fifo or backfill, not {policy!r}[/red]")
         raise typer.Exit(2)
-    from aicluster.engine.protocol import POOL_LABEL
     from aicluster.engine.raynode import RayStartError, start_head
+
+    labels = _node_labels(pool, label)  # checked before anything is written
 
     home = home_dir()
     home.mkdir(parents=True, exist_ok=True)
@@ -110,7 +132,6 @@ def up(
     if state.get("ray_address") and _pid_alive(cp.get("pid")) and _healthy(cp.get("url", "")):
         out.print(f"aicluster is already up: API {cp['url']}")
         return
-    labels = {POOL_LABEL: pool, **_parse_labels(label)}
     ray_address = state.get("ray_address")
     if not ray_address or not _ray_alive(home):
         try:
@@ -122,11 +143,20 @@ def up(
             err.print(f"[red]{exc}[/red]")
             raise typer.Exit(1) from None
         _write_json(home / "platform.json", {"role": "head", "ray_address": ray_address, "head": head})
-    url = _start_control_plane(home, ray_address, api_host, api_port, policy)
+    for path in shared_path or []:
+        if not Path(path).is_dir():
+            err.print(f"[red]--shared-path {path}: not a folder[/red]")
+            raise typer.Exit(2)
+    url = _start_control_plane(home, ray_address, api_host, api_port, policy,
+                               [str(Path(p).resolve()) for p in shared_path or []])
     _write_json(home / "client.json", {"url": url})
     out.print(f"aicluster is up.\n  API:         {url}  (OpenAPI docs at {url}/docs)")
     out.print(f"  admin token: {home / 'admin.token'}  (export AICLUSTER_TOKEN=$(cat {home / 'admin.token'}))")
     out.print(f"  Ray head:    {ray_address}")
+    from aicluster.runtime.sandbox import SANDBOX_WARNING, node_can_sandbox
+
+    if not node_can_sandbox():
+        err.print(f"[bold red]WARNING:[/bold red] {SANDBOX_WARNING}")
     if head:
         out.print(
             f"  add a machine: aicluster join {ray_address} --ray-token-file <copy of "
@@ -162,6 +192,9 @@ def down() -> None:
         except psutil.NoSuchProcess:
             pass
     n = kill_installation(home)
+    from aicluster.engine.rayenv import ray_temp_dir
+
+    shutil.rmtree(ray_temp_dir(home) / "aicluster-work", ignore_errors=True)  # workloads' folders
     for name in ("controlplane.json", "platform.json"):
         (home / name).unlink(missing_ok=True)
     out.print(f"aicluster is down ({n} Ray process(es) stopped)")
@@ -180,9 +213,15 @@ def join(
     ] = None,
 ) -> None:
     """Add this machine to a cluster as a worker node."""
-    from aicluster.engine.protocol import GPU_MODEL_LABEL, POOL_LABEL
+    from aicluster.engine.protocol import GPU_MODEL_LABEL
     from aicluster.engine.raynode import RayStartError, join as ray_join
 
+    labels = _node_labels(pool, label)  # checked before anything is written
+    if gpu_model:
+        if not _LABEL_VALUE.fullmatch(gpu_model):
+            err.print(f"[red]--gpu-model must be letters, digits, '.', '_', '-', got {gpu_model[:80]!r}[/red]")
+            raise typer.Exit(2)
+        labels[GPU_MODEL_LABEL] = gpu_model
     home = home_dir()
     home.mkdir(parents=True, exist_ok=True)
     if ray_token_file is not None:
@@ -199,9 +238,6 @@ def join(
     elif not ray_token_path(home).exists():
         err.print("[red]--ray-token-file is required: the head's Ray token file[/red]")
         raise typer.Exit(2)
-    labels = {POOL_LABEL: pool, **_parse_labels(label)}
-    if gpu_model:
-        labels[GPU_MODEL_LABEL] = gpu_model
     try:
         ray_join(home, head_address, node_ip=address, num_cpus=num_cpus, num_gpus=num_gpus,
                  labels=labels)  # fmt: skip

@@ -6,11 +6,19 @@ with theirs; an artifact they cannot read is reported as not found, never as
 forbidden. Only members (and admins) of the owning team push, tag, delete and
 share; viewers change nothing. Blobs are read through a version the caller may
 read, never by bare digest, so a digest cannot be used to peek at another team.
+
+Uploads through here always require proof of possession (see store.artifacts.
+repository): a blob counts as stored only once the uploading team has sent its
+bytes, so declaring another team's digest gets neither its bytes nor a hint that
+it exists. `producer_job` must name a job of the artifact's team; the service is
+given `job_team(job_id) -> team or None` to check it (None: the job does not exist).
+A blob is hashed before any of it is sent, so a corrupt one is refused, not served.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import json
+from collections.abc import Callable, Iterable, Iterator
 
 from aicluster.control.service import BadRequest, ForbiddenError, NotFoundError
 from aicluster.store.artifacts import (
@@ -29,9 +37,16 @@ from aicluster.store.artifacts.names import check_tag, check_team
 from aicluster.store.db import Principal
 
 
+MAX_METADATA_BYTES = 64 << 10
+MAX_JOB_ID = 80
+
+
 class ArtifactService:
-    def __init__(self, artifacts: ArtifactStore):
+    def __init__(
+        self, artifacts: ArtifactStore, job_team: Callable[[str], str | None] | None = None
+    ):
         self.artifacts = artifacts
+        self.job_team = job_team
 
     # -- access -----------------------------------------------------------------------
 
@@ -54,6 +69,8 @@ class ArtifactService:
             raise NotFoundError(f"artifact {ref} not found")
 
     def _check_write(self, who: Principal, ref: ArtifactRef, what: str) -> None:
+        if not who.may_write_artifact(ref.team, ref.name):
+            raise ForbiddenError(f"a job's token may {what} only its own checkpoints, not {ref.full_name}")
         if who.is_admin:
             return
         if not self._can_read(who, ref.team, ref.name):
@@ -67,6 +84,8 @@ class ArtifactService:
         up = self.artifacts.upload(upload_id)
         if not who.is_admin and (up.team != who.team or who.role == "viewer"):
             raise NotFoundError(f"upload {upload_id} not found")
+        if not who.may_write_artifact(up.team, up.name):
+            raise NotFoundError(f"upload {upload_id} not found")
         return up
 
     # -- uploads ------------------------------------------------------------------------
@@ -76,21 +95,50 @@ class ArtifactService:
         producer_job: str | None,
     ) -> tuple[UploadRecord, list[str]]:  # fmt: skip
         ref = self.ref(who, name)
+        if not who.may_write_artifact(ref.team, ref.name):
+            raise ForbiddenError(f"a job's token may push only its own checkpoints, not {ref.full_name}")
         if who.role == "viewer":
             raise ForbiddenError("viewers cannot push artifacts")
         if not who.is_admin and ref.team != who.team:
             raise ForbiddenError(f"you may push only to your team {who.team!r}")
+        self._check_metadata(metadata)
+        if producer_job is not None:
+            self._check_producer_job(ref.team, producer_job)
         try:
             return self.artifacts.begin_upload(
                 ref, kind, files, metadata=metadata, producer_job=producer_job,
-                created_by=who.user,
+                created_by=who.user, require_proof=True,
             )  # fmt: skip
         except (RefError, ManifestError, TypeError) as exc:
             raise BadRequest(str(exc)) from None
 
+    @staticmethod
+    def _check_metadata(metadata: dict | None) -> None:
+        if metadata is None:
+            return
+        if not isinstance(metadata, dict):
+            raise BadRequest("metadata: must be a JSON object")
+        try:
+            size = len(json.dumps(metadata, ensure_ascii=False, allow_nan=False).encode())
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(f"metadata: not plain JSON ({exc})") from None
+        if size > MAX_METADATA_BYTES:
+            raise BadRequest(f"metadata: {size} bytes of JSON, at most {MAX_METADATA_BYTES}")
+
+    def _check_producer_job(self, team: str, job_id: str) -> None:
+        """The job must exist and belong to `team`; one message for both failures, so
+        the answer does not tell whether another team has a job of that id."""
+        if not isinstance(job_id, str) or not job_id or len(job_id) > MAX_JOB_ID:
+            raise BadRequest(f"producer_job: a job id of at most {MAX_JOB_ID} characters")
+        owner = self.job_team(job_id) if self.job_team is not None else None
+        if owner != team:
+            raise BadRequest(
+                f"producer_job {job_id[:MAX_JOB_ID]!r}: team {team!r} has no such job"
+            )
+
     def missing(self, who: Principal, upload_id: str) -> list[str]:
         self._upload_for(who, upload_id)
-        return self.artifacts.missing(upload_id)
+        return self.artifacts.missing(upload_id, require_proof=True)
 
     def blob_writer(self, who: Principal, upload_id: str, digest: str):
         if not is_digest(digest):
@@ -100,7 +148,10 @@ class ArtifactService:
 
     def commit(self, who: Principal, upload_id: str) -> VersionRecord:
         self._upload_for(who, upload_id)
-        return self.artifacts.commit(upload_id)
+        try:
+            return self.artifacts.commit(upload_id, require_proof=True)
+        except ManifestError as exc:
+            raise BadRequest(str(exc)) from None
 
     def abort(self, who: Principal, upload_id: str) -> None:
         self._upload_for(who, upload_id)
@@ -138,12 +189,12 @@ class ArtifactService:
         return v, self.artifacts.manifest(v)
 
     def blob(self, who: Principal, name: str, digest: str) -> tuple[int, Iterator[bytes]]:
-        """(size, verified chunks) of one file of a version the caller may read."""
+        """(size, chunks) of one file of a version the caller may read, its bytes
+        hashed before this returns (BlobCorrupt: nothing of it is to be sent)."""
         v, manifest = self.version(who, name)
-        sizes = {f.sha256: f.size for f in manifest.files}
-        if digest not in sizes:
+        if digest not in {f.sha256 for f in manifest.files}:
             raise NotFoundError(f"blob {digest} is not part of {v.team}/{v.name}:{v.version}")
-        return sizes[digest], self.artifacts.iter_blob(digest)
+        return self.artifacts.open_blob(digest)
 
     # -- changing -----------------------------------------------------------------------
 

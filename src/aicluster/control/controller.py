@@ -5,7 +5,8 @@ One `tick()` is one level-triggered pass:
 2. active jobs: ADMITTED ones whose launch finished become RUNNING (or are
    requeued/failed); RUNNING ones get their logs pulled and end SUCCEEDED,
    FAILED(exit_code | node_lost | worker_lost) or go back to PENDING to restart;
-3. admission: `core.fifo.plan_cycle` on a snapshot, then its decisions applied;
+3. admission: `core.scheduler.plan_cycle(snapshot, clock, policy)` over pending jobs
+   and service replicas, then its decisions applied (Preempts first, then Admits/Waits);
 4. garbage: any gang in Ray that no live job attempt owns is stopped.
 
 Launches run on a thread pool so that one slow gang does not stall the loop.
@@ -371,16 +372,15 @@ class Controller:
         env.update(
             AICLUSTER_JOB_ID=rec.id, AICLUSTER_JOB_NAME=rec.name, AICLUSTER_TEAM=rec.team,
             AICLUSTER_ATTEMPT=str(attempt), AICLUSTER_RESTARTS=str(rec.restarts),
-            AICLUSTER_CHECKPOINT_DIR=str(self.home / "checkpoints" / rec.team / rec.name),
         )  # fmt: skip
-        if self.api_url:  # the job acts as its owner until it ends (runtime.checkpoint)
+        if self.api_url:  # a token scoped to this attempt: its team's artifacts, its checkpoints
             env.update(AICLUSTER_URL=self.api_url,
-                       AICLUSTER_TOKEN=self.store.create_token(rec.owner, job_id=rec.id))  # fmt: skip
+                       AICLUSTER_TOKEN=self.store.create_job_token(rec.id, attempt))  # fmt: skip
         workdir = (self.workdirs / rec.workdir).read_bytes() if rec.workdir else None
         return LaunchRequest(
             job_id=rec.id, attempt=attempt, placement=tuple(rec.placement),
             cpus=spec.resources.cpus, memory=spec.resources.memory, gpus=spec.resources.gpus,
-            command=spec.command, env=env, workdir=workdir,
+            command=spec.command, env=env, workdir=workdir, team=rec.team,
         )  # fmt: skip
 
     def _wait(self, job: JobRecord, decision: Wait) -> None:

@@ -5,18 +5,57 @@ away; the gateway reads it per request without touching the store. The gateway
 reports back, through the same object, how many requests each service has in
 flight and when a request last arrived (for autoscaling and scale-from-zero).
 Thread-safe: the loop and the gateway live on different threads.
+
+Each endpoint carries its replica's secret (runtime.replica_auth), which the gateway
+sends on every proxied request. Secrets live only here and in the replica's
+environment: never in the store, API answers, events or logs (`repr` omits them).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
+import secrets
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
+
+KEY_FILE = "replica.key"
 
 
 @dataclass(frozen=True)
 class Endpoint:
     replica_id: str
     url: str
+    secret: str = field(default="", repr=False)
+
+
+class ReplicaSecrets:
+    """secret(replica) = HMAC-SHA256(key, replica id): unguessable without the key, and
+    the same after a control-plane restart, so adopted replicas keep answering. The key is
+    32 random bytes in HOME/replica.key (mode 0600), made at the first start; without a
+    home (tests), a key in memory."""
+
+    def __init__(self, home: Path | None = None) -> None:
+        self._key = _load_key(Path(home) / KEY_FILE) if home else secrets.token_bytes(32)
+
+    def secret(self, replica_id: str) -> str:
+        return hmac.new(self._key, replica_id.encode(), hashlib.sha256).hexdigest()
+
+
+def _load_key(path: Path) -> bytes:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        key = path.read_bytes()
+        if len(key) >= 32:
+            return key
+        raise RuntimeError(f"{path}: too short; delete it and restart (replicas restart too)")
+    key = secrets.token_bytes(32)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key)
+    return key
 
 
 @dataclass(frozen=True)
@@ -27,6 +66,7 @@ class ServiceEndpoints:
     routing: str
     routing_options: dict = field(default_factory=dict)
     replicas: tuple[Endpoint, ...] = ()
+    served_model: str = ""  # the model name the engine answers to ("": the service's name)
 
 
 @dataclass
@@ -34,6 +74,7 @@ class Demand:
     ongoing: int = 0
     last_request_at: float = 0.0
     waiting_since: float | None = None  # a request is held for a service with no replica
+    held: int = 0  # requests held now; waiting_since clears when the last one leaves
 
 
 class EndpointTable:
@@ -51,6 +92,14 @@ class EndpointTable:
             self.version += 1
             return True
 
+    def announce(self, ep: ServiceEndpoints) -> None:
+        """A service just deployed, before the loop's next publish: requests for it are
+        held (not refused as unknown) until it has a replica."""
+        with self._lock:
+            if (ep.team, ep.name) not in self._services:
+                self._services = {**self._services, (ep.team, ep.name): ep}
+                self.version += 1
+
     def get(self, team: str, name: str) -> ServiceEndpoints | None:
         with self._lock:
             return self._services.get((team, name))
@@ -66,8 +115,10 @@ class EndpointTable:
             d = self._demand.setdefault((team, name), Demand())
             d.ongoing += 1
             d.last_request_at = now
-            if held and d.waiting_since is None:
-                d.waiting_since = now
+            if held:
+                d.held += 1
+                if d.waiting_since is None:
+                    d.waiting_since = now
 
     def request_finished(self, team: str, name: str) -> None:
         with self._lock:
@@ -75,10 +126,14 @@ class EndpointTable:
             d.ongoing = max(0, d.ongoing - 1)
 
     def unheld(self, team: str, name: str) -> None:
+        """One held request stopped waiting (a replica came, it gave up, or it left)."""
         with self._lock:
-            self._demand.setdefault((team, name), Demand()).waiting_since = None
+            d = self._demand.setdefault((team, name), Demand())
+            d.held = max(0, d.held - 1)
+            if d.held == 0:
+                d.waiting_since = None
 
     def demand(self, team: str, name: str) -> Demand:
         with self._lock:
             d = self._demand.get((team, name), Demand())
-            return Demand(d.ongoing, d.last_request_at, d.waiting_since)
+            return Demand(d.ongoing, d.last_request_at, d.waiting_since, d.held)

@@ -5,6 +5,17 @@ gateway requests, latency, time to first byte), and state read at scrape time fr
 the store and the engine (nodes, GPUs, queues, jobs, replicas), so a scrape always
 shows the truth of that moment and the reconcile loop pays nothing for it.
 One registry per control plane, passed in: no global state.
+
+Who sees what (`scoped`): admins see every series. A member or viewer sees
+- the series whose `team` label is its own team (queues, GPUs held, jobs by status,
+  replicas, gateway requests and latencies: every per-team or per-service series
+  carries `team`), and
+- the cluster-wide families in `CLUSTER_WIDE` (nodes and GPUs per pool, scheduler
+  cycle time, job recovery time): capacity that `/v1/nodes` already shows every member,
+  and no team's name, service, replica or job.
+Everything else is hidden (`aicluster_jobs`, counted over all teams, among them): a
+family added later without a `team` label stays hidden from members until it is
+declared cluster-wide here.
 """
 
 from __future__ import annotations
@@ -14,10 +25,14 @@ from collections import Counter
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client import Counter as PromCounter
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from aicluster.core.lifecycle import JobStatus
 
+CLUSTER_WIDE = frozenset({
+    "aicluster_nodes", "aicluster_gpus", "aicluster_scheduler_cycle_seconds",
+    "aicluster_job_recovery_seconds",
+})  # fmt: skip
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -50,6 +65,29 @@ class Metrics:
 
     def add_state(self, state: StateCollector) -> None:
         self.registry.register(state)
+
+    def scoped(self, who) -> object:
+        """What `who` (a Principal) may scrape: something with `collect()`."""
+        return self.registry if who.is_admin else TeamView(self.registry, who.team)
+
+
+class TeamView:
+    """The registry's families as one team sees them (see the module docstring)."""
+
+    def __init__(self, registry, team: str | None) -> None:
+        self.registry, self.team = registry, team
+
+    def collect(self):
+        for fam in self.registry.collect():
+            if fam.name in CLUSTER_WIDE:
+                yield fam
+                continue
+            samples = [s for s in fam.samples
+                       if self.team is not None and s.labels.get("team") == self.team]  # fmt: skip
+            if samples:
+                out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+                out.samples = samples
+                yield out
 
 
 class StateCollector:
@@ -116,10 +154,17 @@ class StateCollector:
         yield wait
         outcomes = GaugeMetricFamily("aicluster_jobs", "Jobs by status and reason",
                                      labels=["status", "reason"])  # fmt: skip
-        counts = Counter((j.status.value, j.reason or "") for j in self.store.list_jobs(limit=100000))
+        per_team = GaugeMetricFamily("aicluster_team_jobs", "Jobs per team by status and reason",
+                                     labels=["team", "status", "reason"])  # fmt: skip
+        jobs = self.store.list_jobs(limit=100000)
+        counts = Counter((j.status.value, j.reason or "") for j in jobs)
         for (status, reason), k in sorted(counts.items()):
             outcomes.add_metric([status, reason], k)
         yield outcomes
+        team_counts = Counter((j.team, j.status.value, j.reason or "") for j in jobs)
+        for labels, k in sorted(team_counts.items()):
+            per_team.add_metric(list(labels), k)
+        yield per_team
 
     def _replicas(self):
         fam = GaugeMetricFamily("aicluster_replicas", "Live replicas per service and status",

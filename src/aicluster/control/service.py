@@ -20,10 +20,15 @@ from aicluster.core.lifecycle import JobStatus, Reason
 from aicluster.engine.protocol import Engine
 from aicluster.spec.errors import SpecError, SpecIssue
 from aicluster.spec.job import JobSpec
+from aicluster.spec.limits import MAX_WORKDIR_BYTES
 from aicluster.spec.loader import validate_spec
+from aicluster.spec.names import check_name
+from aicluster.spec.workdir import WorkdirInvalid, check_workdir_archive
 from aicluster.store.db import JobRecord, Principal, Store
 
-MAX_WORKDIR_BYTES = 64 * 2**20
+# Where each other kind of spec goes instead of /v1/jobs.
+_OTHER_KINDS = {"service": "deploy it with POST /v1/services (aicluster deploy)",
+                "plan": "plans are not submitted: run `aicluster plan FILE`"}  # fmt: skip
 
 
 class NotFoundError(Exception):
@@ -35,7 +40,18 @@ class ForbiddenError(Exception):
 
 
 class BadRequest(Exception):
-    pass
+    """A refused request; `field` names the part of it at fault, when one is."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+def _valid_name(value: str, what: str) -> str:
+    try:
+        return check_name(value, what)
+    except ValueError as exc:
+        raise BadRequest(f"{what}: {exc}", field=what) from None
 
 
 @dataclass
@@ -56,6 +72,8 @@ class Services:
 
     def set_quota(self, who: Principal, quota) -> object:
         _admin_only(who)
+        _valid_name(quota.team, "team")
+        _valid_name(quota.pool, "pool")
         if self.quotas is None:
             raise BadRequest("quotas are not managed by this control plane")
         out = self.quotas.set(quota, actor=who.user)
@@ -115,6 +133,9 @@ class Services:
         if who.role == "viewer":
             raise ForbiddenError("viewers cannot submit jobs")
         spec: JobSpec = validate_spec(spec_doc, "request body")
+        if not isinstance(spec, JobSpec):
+            raise SpecError("request body", [SpecIssue(
+                "kind", f"this is a {spec.kind} spec, not a job: {_OTHER_KINDS[spec.kind]}")])
         if not who.is_admin and spec.team != who.team:
             raise SpecError(
                 "request body",
@@ -220,11 +241,14 @@ class Services:
 
     def create_team(self, who: Principal, name: str) -> None:
         _admin_only(who)
-        JobSpec.model_validate({"name": "x", "team": name, "command": "x"})  # name rules
+        _valid_name(name, "name")
         self.store.create_team(name, actor=who.user)
 
     def create_token(self, who: Principal, user: str, team: str | None, role: str) -> str:
         _admin_only(who)
+        _valid_name(user, "user")
+        if team is not None:
+            _valid_name(team, "team")
         if role not in ("admin", "member", "viewer"):
             raise BadRequest("role must be admin, member or viewer")
         if role != "admin" and not team:
@@ -250,7 +274,12 @@ def _decode_workdir(b64: str | None) -> bytes | None:
     try:
         blob = base64.b64decode(b64, validate=True)
     except (binascii.Error, ValueError):
-        raise BadRequest("workdir must be a base64-encoded .tar.gz") from None
+        raise BadRequest("workdir must be a base64-encoded .tar.gz", field="workdir") from None
     if len(blob) > MAX_WORKDIR_BYTES:
-        raise BadRequest(f"workdir is larger than {MAX_WORKDIR_BYTES // 2**20} MiB")
+        raise BadRequest(f"workdir is larger than {MAX_WORKDIR_BYTES // 2**20} MiB",
+                         field="workdir")  # fmt: skip
+    try:
+        check_workdir_archive(blob)
+    except WorkdirInvalid as exc:
+        raise BadRequest(f"workdir: {exc}", field="workdir") from None
     return blob

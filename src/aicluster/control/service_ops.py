@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from aicluster.control.endpoints import EndpointTable
+from aicluster.control.endpoints import EndpointTable, ServiceEndpoints
 from aicluster.control.service import BadRequest, ForbiddenError, NotFoundError
+from aicluster.control.services_loop import served_model
 from aicluster.spec.errors import SpecError, SpecIssue
 from aicluster.spec.loader import validate_spec
 from aicluster.spec.service import ServiceSpec
@@ -44,6 +45,10 @@ class ServiceOps:
                 raise SpecError("request body",
                                 [SpecIssue("model", str(exc).strip("'\""))]) from None  # fmt: skip
         svc = self.services.create(spec.model_dump(mode="json"), who.user)
+        self.table.announce(ServiceEndpoints(
+            spec.team, spec.name, spec.engine, spec.routing.policy, dict(spec.routing.options),
+            (), served_model(svc.spec),
+        ))  # fmt: skip
         self.notify()
         return svc
 

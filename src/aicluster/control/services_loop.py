@@ -7,6 +7,9 @@ whose node died become FAILED and are replaced; the replica count follows the
 desired count (manual `scale`, else the autoscaler); the endpoint table of READY
 replicas is published to the gateway. Replicas are Workloads: PENDING ones are
 offered to the scheduler, which places them like one-worker gangs.
+
+Each replica gets its secret (control.endpoints.ReplicaSecrets) in its environment;
+the readiness probe sends it, and the published endpoints carry it to the gateway.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
 
-from aicluster.control.endpoints import Endpoint, EndpointTable, ServiceEndpoints
+from aicluster.control.endpoints import Endpoint, EndpointTable, ReplicaSecrets, ServiceEndpoints
 from aicluster.control.logs import LogStore
 from aicluster.control.snapshot import (
     REPLICA_PREFIX, WorkloadView, artifact_keys, per_worker, preferred,
@@ -29,6 +32,7 @@ from aicluster.core.model import Admit, Preempt, Wait
 from aicluster.core.replica import ReplicaReason as RR
 from aicluster.core.replica import ReplicaStatus as RS
 from aicluster.engine.protocol import Engine, LaunchRequest, NodeInfo
+from aicluster.runtime.replica_auth import SECRET_ENV, SECRET_HEADER
 from aicluster.store.services import ReplicaRecord, ServiceRecord, ServiceStore
 
 log = logging.getLogger(__name__)
@@ -40,17 +44,26 @@ def gang_id(rid: str) -> str:
     return GANG_PREFIX + rid
 
 
+def _plan(spec: dict):
+    from aicluster.runtime.adapters import build_launch
+
+    return build_launch(spec.get("engine", "builtin"), model=spec["model"], host="127.0.0.1",
+                        port=1, served_model_name=spec["name"],
+                        engine_args=spec.get("engine_args") or {})  # fmt: skip
+
+
 def replica_command(spec: dict) -> tuple[list[str], str, str | None]:
     """The replica's argv (runtime.replica_main builds the engine's own command on
     the node, where the port and GPUs are known), its readiness path, and a text the
     readiness answer must contain."""
-    from aicluster.runtime.adapters import build_launch
-
-    plan = build_launch(spec.get("engine", "builtin"), model=spec["model"], host="127.0.0.1",
-                        port=1, served_model_name=spec["name"],
-                        engine_args=spec.get("engine_args") or {})  # fmt: skip
+    plan = _plan(spec)
     argv = [sys.executable, "-m", "aicluster.runtime.replica_main", json.dumps(spec)]
     return argv, plan.ready.path, plan.ready.contains
+
+
+def served_model(spec: dict) -> str:
+    """The model name the engine answers to (Ollama: its own model id)."""
+    return _plan(spec).served_model_name
 
 
 class ServiceLoop:
@@ -69,6 +82,8 @@ class ServiceLoop:
         self.draining: frozenset[str] = frozenset()  # replicas there move elsewhere
         self.starting_since: dict[str, float] = {}  # replica id -> when it got its node
         self.scaler = Scaler()
+        self.secrets = ReplicaSecrets(home)
+        self._served: dict[str, str] = {}  # spec JSON -> served model name
 
     # -- WorkloadSource ---------------------------------------------------------------
 
@@ -83,11 +98,13 @@ class ServiceLoop:
                 continue
             live = [r for r in (self._check(svc, r) for r in live) if r is not None]
             live = self._scale(svc, live)
-            ready = tuple(Endpoint(r.id, r.url) for r in live if r.status == RS.READY)
+            ready = tuple(Endpoint(r.id, r.url, self.secrets.secret(r.id))
+                          for r in live if r.status == RS.READY)  # fmt: skip
             routing = svc.spec.get("routing", {})
             published[(svc.team, svc.name)] = ServiceEndpoints(
                 svc.team, svc.name, svc.spec.get("engine", "builtin"),
                 routing.get("policy", "least_outstanding"), routing.get("options", {}), ready,
+                self._served_model(svc.spec),
             )  # fmt: skip
         self.table.publish(published)
 
@@ -119,6 +136,15 @@ class ServiceLoop:
         return rid in self.launching or any(r.id == rid for r in self._live())
 
     # -- internals --------------------------------------------------------------------
+
+    def _served_model(self, spec: dict) -> str:
+        key = json.dumps(spec, sort_keys=True)
+        if key not in self._served:
+            try:
+                self._served[key] = served_model(spec)
+            except ValueError:  # an engine this version does not know: answer to the name
+                self._served[key] = spec.get("name", "")
+        return self._served[key]
 
     def _live(self) -> list[ReplicaRecord]:
         return self.services.replicas()
@@ -154,8 +180,8 @@ class ServiceLoop:
             job_id=gang_id(rid), attempt=1, placement=(node_id,), cpus=res.cpus,
             memory=res.memory, gpus=res.gpus, command=command,
             env={"AICLUSTER_SERVICE": spec["name"], "AICLUSTER_REPLICA_ID": rid,
-                 "AICLUSTER_TEAM": spec["team"]},
-            workdir=None, inputs=inputs, storage=storage,
+                 "AICLUSTER_TEAM": spec["team"], SECRET_ENV: self.secrets.secret(rid)},
+            workdir=None, inputs=inputs, storage=storage, team=spec["team"],
         )  # fmt: skip
         fut = self.pool.submit(self.engine.launch, req)
         fut.add_done_callback(lambda _f: self.notify())
@@ -210,7 +236,8 @@ class ServiceLoop:
     def _probe(self, svc: ServiceRecord, rep: ReplicaRecord) -> ReplicaRecord | None:
         _cmd, path, contains = replica_command(svc.spec)
         try:
-            resp = httpx.get(rep.url + path, timeout=1.0)
+            resp = httpx.get(rep.url + path, timeout=1.0,
+                             headers={SECRET_HEADER: self.secrets.secret(rep.id)})  # fmt: skip
             ok = resp.status_code == 200 and (contains is None or contains in resp.text)
         except httpx.HTTPError:
             ok = False

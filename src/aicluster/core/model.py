@@ -15,7 +15,7 @@ builds; `core` never returns a decision that would break it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 
@@ -181,16 +181,3 @@ class Preempt:
 
 Decision = Admit | Wait | Preempt
 
-
-@dataclass
-class Ledger:
-    """Free capacity per node while a cycle decides; copy-on-plan, never shared."""
-
-    free: dict[str, Res] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, nodes: tuple[NodeView, ...]) -> Ledger:
-        return cls({n.node_id: n.free for n in nodes if n.schedulable})
-
-    def take(self, node_id: str, r: Res) -> None:
-        self.free[node_id] = self.free[node_id] - r

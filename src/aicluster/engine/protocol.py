@@ -37,6 +37,7 @@ class LaunchRequest:
     workdir: bytes | None
     inputs: tuple[dict, ...] = ()  # {"path", "env", "manifest": JSON bytes}
     storage: object | None = None  # StorageConfig the nodes fetch input blobs from
+    team: str | None = None  # whose workload: the sandbox's user (else env AICLUSTER_TEAM)
 
 
 @dataclass(frozen=True)

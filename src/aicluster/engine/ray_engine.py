@@ -56,7 +56,10 @@ _RemoteWorker = ray.remote(max_restarts=0, max_concurrency=4)(_WorkerActor)
 
 
 class RayEngine:
-    def __init__(self, address: str, *, call_timeout: float = 10.0, launch_timeout: float = 60.0):
+    def __init__(self, address: str, *, call_timeout: float = 10.0, launch_timeout: float = 60.0,
+                 sandbox_for=None):  # fmt: skip
+        """`sandbox_for(team) -> dict | None`: the SandboxPolicy (runtime.sandbox) that the
+        team's workloads run under on every node; None runs them unsandboxed."""
         if not ray.is_initialized():
             ray.init(
                 address=address,
@@ -67,6 +70,7 @@ class RayEngine:
             )
         self.call_timeout = call_timeout
         self.launch_timeout = launch_timeout
+        self.sandbox_for = sandbox_for or (lambda _team: None)
 
     def close(self) -> None:
         ray.shutdown()
@@ -138,6 +142,7 @@ class RayEngine:
                 actors[0].node_address.remote(where[0]["ip"]), timeout=self.call_timeout
             )
             workdir = ray.put(req.workdir) if req.workdir else None
+            sandbox = self.sandbox_for(req.team or req.env.get("AICLUSTER_TEAM") or "default")
             starts = []
             for rank, actor in enumerate(actors):
                 env = dict(req.env)
@@ -149,7 +154,7 @@ class RayEngine:
                 )
                 env["AICLUSTER_NODE_ID"] = where[rank]["node_id"]
                 starts.append(actor.start.remote(req.command, env, workdir, list(req.inputs),
-                                                 req.storage))  # fmt: skip
+                                                 req.storage, sandbox))  # fmt: skip
             ray.get(starts, timeout=self.launch_timeout)
             return master_addr, master_port
         except LaunchError:

@@ -37,6 +37,7 @@ def ray_temp_dir(home: Path) -> Path:
 def ray_env(home: Path, loopback: bool = True) -> dict[str, str]:
     tmp = ray_temp_dir(home)
     (tmp / "ray").mkdir(parents=True, exist_ok=True)
+    os.chmod(tmp, 0o700)  # Ray's sessions, sockets and logs: the platform's alone
     env = {
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(ensure_ray_token(home)),

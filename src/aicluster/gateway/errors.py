@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from fastapi.responses import JSONResponse
 
 
@@ -29,3 +31,47 @@ def model_not_found(model: str) -> JSONResponse:
 
 def unavailable(message: str) -> JSONResponse:
     return openai_error(503, message, "service_unavailable", "no_replica")
+
+
+def timed_out(message: str) -> JSONResponse:
+    return openai_error(504, message, "service_unavailable", "no_replica_in_time")
+
+
+def too_large(limit: int) -> JSONResponse:
+    return openai_error(413, f"the request body is larger than {limit // 2**20} MiB",
+                        "invalid_request_error", "body_too_large")  # fmt: skip
+
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 409: "conflict_error", 422: "invalid_request_error",
+          429: "rate_limit_error"}  # fmt: skip
+
+
+def error_type(status: int) -> str:
+    return _TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def from_upstream(status: int, raw: bytes) -> JSONResponse:
+    """An engine's error answer, whatever its shape (OpenAI's, FastAPI's `{"detail": ...}`,
+    plain text), in OpenAI's format with the engine's status."""
+    try:
+        doc = json.loads(raw) if raw else None
+    except (ValueError, RecursionError):
+        doc = None
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        param = err.get("param")
+        return openai_error(status, err["message"], str(err.get("type") or error_type(status)),
+                            _code(err.get("code")), param if isinstance(param, str) else None)  # fmt: skip
+    detail = doc.get("detail") if isinstance(doc, dict) else None
+    if isinstance(detail, str):
+        message = detail
+    elif detail is not None:
+        message = json.dumps(detail)[:2000]
+    else:
+        message = raw.decode("utf-8", "replace").strip()[:2000] or f"the engine answered {status}"
+    return openai_error(status, message, error_type(status), None)
+
+
+def _code(code) -> str | None:
+    return None if code is None else str(code)

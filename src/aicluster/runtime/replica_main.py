@@ -6,6 +6,12 @@ Run by the engine layer as `python -m aicluster.runtime.replica_main SPEC_JSON`
 with MASTER_ADDR/MASTER_PORT/CUDA_VISIBLE_DEVICES set (a one-worker gang).
 Invariant: the server is this process's child in the same process group, so
 stopping the replica's group stops the server; its exit code becomes ours.
+
+The replica answers only the platform (runtime.replica_auth): with
+AICLUSTER_REPLICA_SECRET set, an engine that checks the secret itself (builtin,
+simulated) gets it in its environment; any other engine gets a private port on
+127.0.0.1 and never sees the secret, and an authenticating proxy in this process
+listens on the replica's address (MASTER_ADDR:MASTER_PORT) in its stead.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +27,7 @@ import time
 import httpx
 
 from aicluster.runtime.adapters import CommandStep, HttpStep, LaunchPlan, build_launch
+from aicluster.runtime.replica_auth import SECRET_ENV, AuthProxy, listen
 
 
 def plan_for(spec: dict, env: dict[str, str]) -> LaunchPlan:
@@ -63,9 +71,33 @@ def run_steps(plan: LaunchPlan, proc: subprocess.Popen) -> None:
                           timeout=step.timeout_s).raise_for_status()  # fmt: skip
 
 
+def _private_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def secure_plan(spec: dict, env: dict[str, str]) -> tuple[LaunchPlan, AuthProxy | None]:
+    """The engine's plan, and the auth proxy in front of it when the engine cannot check
+    the secret itself (the proxy already listens on the replica's address)."""
+    secret = env.get(SECRET_ENV)
+    without = {k: v for k, v in env.items() if k != SECRET_ENV}
+    plan = plan_for(spec, without)
+    if not secret:
+        return plan, None
+    if plan.checks_secret:
+        return plan_for(spec, env), None
+    public = (env.get("MASTER_ADDR", "127.0.0.1"), int(env["MASTER_PORT"]))
+    private = dict(without, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_private_port()))
+    plan = plan_for(spec, private)
+    return plan, AuthProxy(listen(*public), plan.host, plan.port, secret).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     spec = json.loads((argv or sys.argv[1:])[0])
-    plan = plan_for(spec, dict(os.environ))
+    plan, proxy = secure_plan(spec, dict(os.environ))
+    if proxy is not None:
+        print(f"aicluster replica: engine on {plan.base_url}, behind the auth proxy", flush=True)
     print(f"aicluster replica: {' '.join(plan.argv)}", flush=True)
     proc = subprocess.Popen(list(plan.argv), env=dict(plan.env))
     signal.signal(signal.SIGTERM, lambda *_: proc.terminate())

@@ -14,6 +14,8 @@ sequence. `usage.prompt_tokens_details.cached_tokens` reports the prefix cache h
 
 Run: `python -m aicluster.runtime.simulated_engine --host 127.0.0.1 --port 8001
 [--block-size 16 --max-concurrency 64 ...]` (every `SimulatedEngineOptions` field).
+When AICLUSTER_REPLICA_SECRET is set (a replica), every route needs it in the
+X-Aicluster-Replica-Secret header (runtime.replica_auth).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -36,6 +39,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from aicluster.runtime.replica_auth import SECRET_ENV, protect
 from aicluster.runtime.simulated_core import (
     EngineModel,
     Plan,
@@ -290,9 +294,12 @@ def create_app(
     options: SimulatedEngineOptions | None = None,
     *,
     clock: Callable[[], float] = time.monotonic,
+    secret: str | None = None,
 ) -> FastAPI:
     """A fresh engine (its own cache, counters and metrics registry) behind a FastAPI app.
-    The server object is at `app.state.engine` (its `.model` is the `EngineModel`)."""
+    The server object is at `app.state.engine` (its `.model` is the `EngineModel`).
+    With `secret`, every route answers 401 unless the request carries it
+    (runtime.replica_auth: a replica answers only the platform)."""
     server = SimulatedServer(options or SimulatedEngineOptions(), clock)
     app = FastAPI(title="aicluster simulated LLM engine")
     app.state.engine = server
@@ -358,7 +365,7 @@ def create_app(
     async def metrics() -> Response:
         return Response(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    return protect(app, secret)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[str, int, SimulatedEngineOptions]:
@@ -387,7 +394,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     import uvicorn
 
     host, port, options = parse_args(argv)
-    uvicorn.run(create_app(options), host=host, port=port, log_level="warning", access_log=False)
+    app = create_app(options, secret=os.environ.get(SECRET_ENV))
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+from aicluster.runtime.sandbox import SandboxPolicy, prepare, workload_env, wrap
 
 _PR_SET_PDEATHSIG = 1
 
@@ -52,7 +53,7 @@ class WorkerProcess:
 
     def __init__(self, job_id: str, attempt: int, rank: int, scratch_root: str | None = None):
         self.job_id, self.attempt, self.rank = job_id, attempt, rank
-        root = Path(scratch_root or tempfile.gettempdir()) / "aicluster-work"
+        root = Path(scratch_root) / "aicluster-work" if scratch_root else work_root()
         self.dir = root / f"{job_id}-a{attempt}-r{rank}"
         self.log_path = self.dir / "output.log"
         self.proc: subprocess.Popen | None = None
@@ -62,28 +63,32 @@ class WorkerProcess:
         return host, free_port(host)
 
     def start(self, command, env: dict[str, str], workdir: bytes | None,
-              inputs: list[dict] | None = None, storage=None) -> int:  # fmt: skip
+              inputs: list[dict] | None = None, storage=None, sandbox: dict | None = None) -> int:  # fmt: skip
         """`inputs`: [{"path", "env", "manifest": JSON bytes}] materialised read-only under
-        the working directory first, from `storage` (a StorageConfig) via the node cache."""
+        the working directory first, from `storage` (a StorageConfig) via the node cache.
+        `sandbox`: a SandboxPolicy as a dict (runtime.sandbox): who the command runs as
+        and what it must not see; its environment is always built from an allow-list."""
         if self.proc is not None:
             return self.proc.pid  # idempotent: never start twice
         shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.dir.parent, 0o711)  # no one lists the other workloads' folders
         cwd = self.dir / "workdir"
         extract_workdir(workdir, cwd)
-        full_env = dict(os.environ)
-        full_env.update(env)
+        policy = SandboxPolicy.from_dict(sandbox)
+        job_env = dict(env)
         for item in inputs or []:
             dest = materialise_input(item, cwd, storage)
             if item.get("env"):
-                full_env[item["env"]] = str(dest)
-        bindir = os.path.dirname(sys.executable)
-        full_env["PATH"] = bindir + os.pathsep + full_env.get("PATH", "")
-        full_env["PYTHONUNBUFFERED"] = "1"
-        log = open(self.log_path, "ab", buffering=0)
+                job_env[item["env"]] = str(dest)
+        prepared = prepare(policy, self.dir)
+        full_env = workload_env(job_env, cwd, policy.uid if prepared.sandboxed else None)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = os.fdopen(fd, "ab", buffering=0)
         try:
             self.proc = subprocess.Popen(
-                command,
-                shell=isinstance(command, str),
+                wrap(prepared.prefix, command),
+                shell=isinstance(command, str) and not prepared.sandboxed,
                 cwd=cwd,
                 env=full_env,
                 stdin=subprocess.DEVNULL,
@@ -167,6 +172,14 @@ class WorkerProcess:
                     backend.write_blob(entry.sha256, iter(lambda: f.read(1 << 20), b""))
                 written += entry.size
         return written
+
+
+def work_root(environ=os.environ) -> Path:
+    """Where this installation's workloads get their folders on this node: inside its
+    private Ray temp folder (0700), so two installations never share one, and `down`
+    removes them with it."""
+    base = environ.get("RAY_TMPDIR") or tempfile.gettempdir()
+    return Path(base) / "aicluster-work"
 
 
 def node_cache_root() -> Path:

@@ -11,7 +11,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+from aicluster.spec.limits import (
+    MAX_ARGV_ITEMS, MAX_COMMAND_BYTES, MAX_CPUS, MAX_ENV_VALUE, MAX_ENV_VARS, MAX_GPUS,
+    MAX_LIST, MAX_MEMORY, MAX_SECONDS, MAX_TEXT,
+)  # fmt: skip
+from aicluster.spec.names import NAME_PATTERN
+
+_NAME = NAME_PATTERN  # the one naming rule (spec.names), under its historical name here
 _UNITS = {
     "": 1,
     "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -28,6 +34,8 @@ def parse_memory(value: object) -> int:
     if isinstance(value, int):
         if value < 0:
             raise ValueError("memory must not be negative")
+        if value > MAX_MEMORY:
+            raise ValueError(f"memory must be at most {MAX_MEMORY} bytes (1Pi)")
         return value
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
@@ -37,8 +45,9 @@ def parse_memory(value: object) -> int:
         m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
         if m and m.group(2).lower() in _UNITS:
             size = float(m.group(1)) * _UNITS[m.group(2).lower()]
-            if size < 2**63:
+            if size <= MAX_MEMORY:
                 return int(size)
+            raise ValueError(f"memory must be at most {MAX_MEMORY} bytes (1Pi)")
     raise ValueError(f"invalid memory size {value!r}: use bytes or a size like 512Mi, 2Gi")
 
 
@@ -56,16 +65,19 @@ EnvValue = Annotated[str, BeforeValidator(_env_value)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: NaN and Infinity are refused in every float of every spec
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Resources(Strict):
     """What one worker needs. `gpu_model` pins the GPU kind (matched case-insensitively)."""
 
-    cpus: float = Field(default=1.0, ge=0, description="CPU cores per worker")
+    cpus: float = Field(default=1.0, ge=0, le=MAX_CPUS, description="CPU cores per worker")
     memory: Memory = Field(default=0, description="memory per worker, bytes or e.g. 2Gi")
-    gpus: int = Field(default=0, ge=0, strict=True, description="whole GPUs per worker")
-    gpu_model: str | None = Field(default=None, description="GPU model, e.g. A100 or H100")
+    gpus: int = Field(default=0, ge=0, le=MAX_GPUS, strict=True,
+                      description="whole GPUs per worker")  # fmt: skip
+    gpu_model: str | None = Field(default=None, max_length=128,
+                                  description="GPU model, e.g. A100 or H100")  # fmt: skip
 
     @field_validator("gpu_model")
     @classmethod
@@ -86,8 +98,10 @@ class JobInput(Strict):
     """An artifact materialised read-only at `path` (relative to the working dir) before
     the command starts; `env` names a variable that holds its absolute path."""
 
-    artifact: str = Field(min_length=1, description="[team/]name[:version|tag]")
-    path: str = Field(description="where it appears, relative to the working directory")
+    artifact: str = Field(min_length=1, max_length=MAX_TEXT,
+                          description="[team/]name[:version|tag]")  # fmt: skip
+    path: str = Field(max_length=MAX_TEXT,
+                      description="where it appears, relative to the working directory")  # fmt: skip
     env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
     _path = field_validator("path")(lambda cls, v: _relative(v))
@@ -97,8 +111,9 @@ class JobOutput(Strict):
     """A folder (or file) rank 0 leaves at `path`, pushed as a new version of `artifact`
     when the job succeeds."""
 
-    path: str
-    artifact: str = Field(min_length=1, description="[team/]name; a new version is created")
+    path: str = Field(max_length=MAX_TEXT)
+    artifact: str = Field(min_length=1, max_length=MAX_TEXT,
+                          description="[team/]name; a new version is created")  # fmt: skip
     kind: Literal["dataset", "checkpoint", "model"] = "model"
 
     _path = field_validator("path")(lambda cls, v: _relative(v))
@@ -118,17 +133,19 @@ class JobSpec(Strict):
     workers: int = Field(default=1, ge=1, le=4096, strict=True, description="gang size")
     resources: Resources = Field(default_factory=Resources)
     command: str | list[str] = Field(description="shell command, or an argv list")
-    env: dict[str, EnvValue] = Field(default_factory=dict)
+    env: dict[str, EnvValue] = Field(default_factory=dict, max_length=MAX_ENV_VARS)
     working_dir: str | None = Field(
-        default=None, description="folder uploaded with the job, relative to the spec file"
+        default=None, max_length=MAX_TEXT,
+        description="folder uploaded with the job, relative to the spec file",
     )
     priority: int = Field(default=0, ge=-1000, le=1000, strict=True)
     max_restarts: int = Field(default=0, ge=0, le=100, strict=True)
-    inputs: list[JobInput] = Field(default_factory=list)
-    outputs: list[JobOutput] = Field(default_factory=list)
+    inputs: list[JobInput] = Field(default_factory=list, max_length=MAX_LIST)
+    outputs: list[JobOutput] = Field(default_factory=list, max_length=MAX_LIST)
     max_pending_seconds: float | None = Field(
         default=None,
         gt=0,
+        le=MAX_SECONDS,
         description="fail as could_never_fit if it cannot be placed within this time",
     )
 
@@ -137,12 +154,20 @@ class JobSpec(Strict):
     def _command_not_empty(cls, v: str | list[str]) -> str | list[str]:
         if (isinstance(v, str) and not v.strip()) or (isinstance(v, list) and not v):
             raise ValueError("command must not be empty")
+        if isinstance(v, list) and len(v) > MAX_ARGV_ITEMS:
+            raise ValueError(f"command must have at most {MAX_ARGV_ITEMS} arguments")
+        size = sum(len(a.encode("utf-8", "surrogatepass")) + 1 for a in
+                   ([v] if isinstance(v, str) else v))  # fmt: skip
+        if size > MAX_COMMAND_BYTES:
+            raise ValueError(f"command must be at most {MAX_COMMAND_BYTES // 1024} KiB")
         return v
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
         for key in v:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-                raise ValueError(f"invalid environment variable name {key!r}")
+            if len(key) > 255 or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"invalid environment variable name {key[:80]!r}")
+            if len(v[key]) > MAX_ENV_VALUE:
+                raise ValueError(f"{key}: a value must be at most {MAX_ENV_VALUE // 1024} KiB")
         return v

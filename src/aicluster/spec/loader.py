@@ -48,7 +48,7 @@ def _line_of(lines: dict[tuple, int], loc: tuple) -> int | None:
     return lines.get(())
 
 
-_TAG = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*)$")
+_TAG = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*|constrained-.*)$")
 
 
 def _is_tag(part) -> bool:
@@ -92,7 +92,8 @@ def validate_spec(data: dict, source: str = "<spec>", lines: dict | None = None)
     try:
         return _ADAPTER.validate_python(data)
     except ValidationError as exc:
-        raise SpecError(source, [_issue_from(e, lines or {}) for e in exc.errors()]) from None
+        issues = [_issue_from(e, lines or {}) for e in exc.errors(include_input=False)]
+        raise SpecError(source, list(dict.fromkeys(issues))) from None  # union members repeat
 
 
 def load_spec(path: str | Path) -> Any:

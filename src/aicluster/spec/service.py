@@ -10,11 +10,18 @@ as is (engine-specific checks happen here, not at launch time).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, StringConstraints, model_validator
 
 from aicluster.spec.job import _NAME, Resources, Strict
+from aicluster.spec.limits import MAX_LIST, MAX_SECONDS, MAX_TEXT
+
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
+# Engine arguments and routing options: short text keys, scalar values.
+OptionKey = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+OptionValue = Annotated[str, StringConstraints(max_length=MAX_TEXT)] | int | float | bool
+Options = Annotated[dict[OptionKey, OptionValue], Field(max_length=MAX_LIST)]
 
 ENGINES = ("builtin", "simulated", "vllm", "tgi", "ollama")
 ROUTING = ("least_outstanding", "round_robin", "power_of_two", "session_affinity", "prefix_cache")
@@ -32,28 +39,28 @@ class Replicas(Strict):
 
 
 class Autoscaling(Strict):
-    target_ongoing_requests: float = Field(default=4.0, gt=0)
-    upscale_delay_s: float = Field(default=5.0, ge=0)
-    downscale_delay_s: float = Field(default=30.0, ge=0)
+    target_ongoing_requests: float = Field(default=4.0, gt=0, le=1e9)
+    upscale_delay_s: Seconds = 5.0
+    downscale_delay_s: Seconds = 30.0
     scale_to_zero_after_s: float | None = Field(
-        default=None, gt=0, description="idle time before the last replica goes (needs min: 0)"
+        default=None, gt=0, le=MAX_SECONDS, description="idle time before the last replica goes (needs min: 0)"
     )
 
 
 class Routing(Strict):
     policy: Literal[ROUTING] = "least_outstanding"  # type: ignore[valid-type]
-    options: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    options: Options = Field(default_factory=dict)
 
 
 class ServiceSpec(Strict):
     kind: Literal["service"] = "service"
     name: str = Field(pattern=_NAME)
     team: str = Field(default="default", pattern=_NAME)
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=MAX_TEXT)
     engine: Literal[ENGINES] = "builtin"  # type: ignore[valid-type]
-    engine_args: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    engine_args: Options = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
     replicas: Replicas = Field(default_factory=Replicas)
     autoscaling: Autoscaling = Field(default_factory=Autoscaling)
     routing: Routing = Field(default_factory=Routing)
-    readiness_timeout_s: float = Field(default=300.0, gt=0)
+    readiness_timeout_s: float = Field(default=300.0, gt=0, le=MAX_SECONDS)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from sqlalchemy import create_engine, event, select, update
+from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -30,13 +30,24 @@ class NotFound(Exception):
 
 @dataclass(frozen=True)
 class Principal:
+    """Who calls. A *job principal* (`job_id` set) is a job's scoped token: it acts
+    as a member of the job's team (never as admin, whoever owns the job), may read
+    that team's artifacts and write only its own checkpoints (`JOBNAME-ckpt`)."""
+
     user: str
     team: str | None
     role: str  # admin | member | viewer
+    job_id: str | None = None
+    job_name: str | None = None
 
     @property
     def is_admin(self) -> bool:
         return self.role == "admin"
+
+    def may_write_artifact(self, team: str, name: str) -> bool:
+        if self.job_id is None:
+            return True
+        return team == self.team and name == f"{self.job_name}-ckpt"
 
 
 def fields_of(cls, row) -> dict:
@@ -88,6 +99,10 @@ class EventRecord:
     @classmethod
     def of(cls, row: EventRow) -> EventRecord:
         return cls(**fields_of(cls, row))
+
+
+WORKLOAD_UID_BASE = 50000  # team workload users: 50000, 50001, ...
+JOB_TOKEN_TTL_S = 7 * 24 * 3600.0  # a hard cap; a job's token also dies with its attempt
 
 
 def digest(token: str) -> str:
@@ -184,15 +199,39 @@ class Store:
             )
         return token
 
+    def create_job_token(self, job_id: str, attempt: int, ttl_s: float = JOB_TOKEN_TTL_S) -> str:
+        """The one live token of a job attempt: every earlier token of the job is revoked;
+        it expires after `ttl_s` and stops working as soon as the attempt is not the
+        job's current, active one."""
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        now = self.clock()
+        with self._session.begin() as s:
+            job = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
+            if job is None:
+                raise NotFound(f"job {job_id!r} does not exist")
+            s.execute(update(TokenRow).where(TokenRow.job_id == job_id, TokenRow.revoked.is_(False))
+                      .values(revoked=True))  # fmt: skip
+            s.add(TokenRow(user=job.owner, digest=digest(token), prefix=token[:10], created_at=now,
+                           job_id=job_id, scope="job", expires_at=now + ttl_s, attempt=attempt))  # fmt: skip
+        return token
+
     def authenticate(self, token: str) -> Principal | None:
+        if not isinstance(token, str) or len(token) > 256:
+            return None
         with self._session() as s:
             row = s.scalars(
                 select(TokenRow).where(TokenRow.digest == digest(token), TokenRow.revoked.is_(False))
             ).first()
-            if row is None:
+            if row is None or (row.expires_at is not None and row.expires_at <= self.clock()):
                 return None
             user = s.get(UserRow, row.user)
-            return Principal(user.name, user.team, user.role)
+            if row.scope != "job":
+                return Principal(user.name, user.team, user.role)
+            job = s.scalars(select(JobRow).where(JobRow.id == row.job_id)).first()
+            if job is None or job.status not in ("ADMITTED", "RUNNING") or job.attempt != row.attempt:
+                return None
+            role = "viewer" if user.role == "viewer" else "member"
+            return Principal(user.name, job.team, role, job_id=job.id, job_name=job.name)
 
     def revoke_tokens_of_finished_jobs(self) -> int:
         """Level-triggered: every token of a job in a terminal status stops working."""
@@ -211,6 +250,23 @@ class Store:
                 .values(revoked=True)
             )
             return res.rowcount
+
+    def team_uid(self, team: str, base: int = WORKLOAD_UID_BASE) -> int:
+        """The Unix uid (and gid) the team's workloads run as; allocated once, never reused."""
+        for _ in range(5):
+            try:
+                with self._session.begin() as s:
+                    row = s.get(TeamRow, team)
+                    if row is None:
+                        raise NotFound(f"team {team!r} does not exist")
+                    if row.uid is not None:
+                        return row.uid
+                    top = s.scalar(select(func.max(TeamRow.uid)))
+                    row.uid = max(base, (top or 0) + 1)
+                    return row.uid
+            except IntegrityError:
+                continue  # another writer took that uid: take the next
+        raise Conflict(f"could not allocate a workload uid for team {team!r}")
 
     def has_admin(self) -> bool:
         with self._session() as s:

@@ -14,6 +14,7 @@ class TeamRow(Base):
     __tablename__ = "teams"
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     created_at: Mapped[float] = mapped_column(Float)
+    uid: Mapped[int | None] = mapped_column(Integer, nullable=True, unique=True, index=True)  # workload user
 
 
 class UserRow(Base):
@@ -33,6 +34,9 @@ class TokenRow(Base):
     created_at: Mapped[float] = mapped_column(Float)
     revoked: Mapped[bool] = mapped_column(default=False)
     job_id: Mapped[str | None] = mapped_column(String(80), nullable=True, index=True)
+    scope: Mapped[str] = mapped_column(String(16), default="user")  # user | job
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class JobRow(Base):

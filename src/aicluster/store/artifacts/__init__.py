@@ -9,6 +9,7 @@ for the upload protocol and its invariants.
 from aicluster.store.artifacts.backend import (
     BlobBackend,
     BlobCorrupt,
+    BlobSizeMismatch,
     StorageConfig,
     StorageError,
     load_storage_config,
@@ -26,7 +27,7 @@ from aicluster.store.artifacts.repository import ArtifactStore, MissingBlobs, wr
 
 __all__ = [
     "KINDS", "ArtifactIndex", "ArtifactRecord", "ArtifactRef", "ArtifactStore", "BlobBackend",
-    "BlobCorrupt", "FileEntry", "Manifest", "ManifestError", "MissingBlobs", "RefError",
+    "BlobCorrupt", "BlobSizeMismatch", "FileEntry", "Manifest", "ManifestError", "MissingBlobs", "RefError",
     "StorageConfig", "StorageError", "VersionRecord", "load_storage_config", "open_backend",
     "parse_ref", "scan_folder", "write_tree",
 ]  # fmt: skip

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CHUNK = 1 << 20
+SPOOL_MAX = 16 << 20  # blobs up to this size are served from memory once verified
 CONFIG_FILE = "artifacts.json"
 ENV_URL = "AICLUSTER_ARTIFACTS_URL"
 ENV_ENDPOINT = "AICLUSTER_S3_ENDPOINT_URL"
@@ -39,6 +40,10 @@ class StorageError(Exception):
 
 class BlobCorrupt(ValueError):
     """Bytes read or received do not hash to the blob's digest."""
+
+
+class BlobSizeMismatch(ValueError):
+    """Bytes received for a blob are more or fewer than its declared size."""
 
 
 @dataclass(frozen=True)
@@ -159,12 +164,21 @@ class BlobBackend:
 
     def size(self, digest: str) -> int | None:
         try:
+            if self.local:
+                return os.stat(self.blob_path(digest)).st_size
             return int(self.fs.info(self.blob_path(digest))["size"])
         except FileNotFoundError:
             return None
 
-    def writer(self, digest: str) -> BlobWriter:
-        return BlobWriter(self, digest)
+    def sizes(self, digests: Iterable[str]) -> dict[str, int]:
+        """digest -> size of those of `digests` that are stored."""
+        wanted = set(digests)
+        if self.local or len(wanted) < 64:
+            return {d: n for d in wanted if (n := self.size(d)) is not None}
+        return {d: size for d, (size, _) in self.list_blobs().items() if d in wanted}
+
+    def writer(self, digest: str, expect_size: int | None = None) -> BlobWriter:
+        return BlobWriter(self, digest, expect_size)
 
     def write_blob(self, digest: str, chunks: Iterable[bytes]) -> int:
         w = self.writer(digest)
@@ -192,6 +206,53 @@ class BlobBackend:
 
     def read_bytes(self, digest: str) -> bytes:
         return b"".join(self.iter_blob(digest))
+
+    def open_verified(
+        self, digest: str, spool_max: int = SPOOL_MAX, chunk: int = CHUNK
+    ) -> tuple[int, Iterator[bytes]]:
+        """(size, chunks) of a blob whose bytes were hashed *before* this returns.
+
+        BlobCorrupt (or FileNotFoundError) is raised here, so a caller can answer an
+        error before it sends anything. A blob of at most `spool_max` bytes is read
+        into memory and served from there (exactly the bytes verified); a larger one
+        is hashed through one open handle, then streamed from its start through the
+        same handle and hashed again, the stream failing at its end if the bytes
+        changed in between (the client sees a short or unverifiable body).
+        """
+        try:  # messages name no storage location: they may reach any reader
+            f = self.fs.open(self.blob_path(digest), "rb")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"stored blob {digest} is missing") from None
+        try:
+            h, size, spool = hashlib.sha256(), 0, []
+            while data := f.read(chunk):
+                h.update(data)
+                size += len(data)
+                if size <= spool_max:
+                    spool.append(data)
+                elif spool:
+                    spool = []  # too big to keep: stream it again below
+            if h.hexdigest() != digest:
+                raise BlobCorrupt(
+                    f"stored blob {digest} is corrupt: its bytes do not match sha256 {digest}"
+                )
+            if size <= spool_max:
+                f.close()
+                return size, iter(spool)
+            f.seek(0)
+        except BaseException:
+            f.close()
+            raise
+        return size, self._stream_again(f, digest, chunk)
+
+    def _stream_again(self, f, digest: str, chunk: int) -> Iterator[bytes]:
+        h = hashlib.sha256()
+        with f:
+            while data := f.read(chunk):
+                h.update(data)
+                yield data
+        if h.hexdigest() != digest:
+            raise BlobCorrupt(f"stored blob {digest} changed while it was sent")
 
     def delete(self, digest: str) -> None:
         try:
@@ -236,10 +297,12 @@ def _mtime(info: dict) -> float:
 
 class BlobWriter:
     """Streams one blob in, hashing as it goes; `commit()` publishes it only if the
-    digest matches (else BlobCorrupt), `abort()` leaves nothing visible."""
+    digest matches (else BlobCorrupt) and, with `expect_size`, the byte count does
+    too (else BlobSizeMismatch, raised by `write` as soon as it is exceeded);
+    `abort()` leaves nothing visible."""
 
-    def __init__(self, backend: BlobBackend, digest: str):
-        self.backend, self.digest = backend, digest
+    def __init__(self, backend: BlobBackend, digest: str, expect_size: int | None = None):
+        self.backend, self.digest, self.expect_size = backend, digest, expect_size
         self.hash, self.size = hashlib.sha256(), 0
         if backend.local:
             tmp = Path(backend.root) / "tmp"
@@ -250,6 +313,11 @@ class BlobWriter:
             self.f = backend.fs.open(backend.blob_path(digest), "wb", autocommit=False)
 
     def write(self, data: bytes) -> None:
+        if self.expect_size is not None and self.size + len(data) > self.expect_size:
+            self.abort()
+            raise BlobSizeMismatch(
+                f"received more than the {self.expect_size} bytes declared for blob {self.digest}"
+            )
         self.hash.update(data)
         self.size += len(data)
         self.f.write(data)
@@ -259,6 +327,12 @@ class BlobWriter:
         if got != self.digest:
             self.abort()
             raise BlobCorrupt(f"received bytes hash to {got}, not to {self.digest}")
+        if self.expect_size is not None and self.size != self.expect_size:
+            self.abort()
+            raise BlobSizeMismatch(
+                f"received {self.size} bytes, not the {self.expect_size} declared for blob "
+                f"{self.digest}"
+            )
         if self.backend.local:
             if self.backend.fsync:
                 self.f.flush()

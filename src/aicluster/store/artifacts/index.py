@@ -23,8 +23,9 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from aicluster.store.artifacts.manifest import FileEntry
-from aicluster.store.artifacts.names import LATEST
+from aicluster.store.artifacts.names import LATEST, MAX_VERSION, is_number
 from aicluster.store.artifacts.schema import (
+    ArtifactBlobProofRow,
     ArtifactRow,
     ArtifactShareRow,
     ArtifactTagRow,
@@ -299,8 +300,10 @@ class ArtifactIndex:
                         ArtifactVersionRow.artifact_id == art.id
                     )
                 )
-            elif selector.isdigit():
-                version = int(selector)
+            elif is_number(selector):
+                version = int(selector) if len(selector) <= 12 else None
+                if version is not None and version > MAX_VERSION:
+                    version = None
             else:
                 tag = s.get(ArtifactTagRow, (art.id, selector))
                 version = tag.version if tag else None
@@ -366,3 +369,45 @@ class ArtifactIndex:
         with self._session() as s:
             return {f["sha256"] for files in s.scalars(select(ArtifactUploadRow.files))
                     for f in files}  # fmt: skip
+
+    # -- proofs of possession ---------------------------------------------------------
+
+    def proved(self, team: str, digests) -> set[str]:
+        """Those of `digests` whose bytes `team` has shown it holds."""
+        wanted, out = sorted(set(digests)), set()
+        with self._session() as s:
+            for i in range(0, len(wanted), _BATCH):
+                out.update(s.scalars(select(ArtifactBlobProofRow.sha256).where(
+                    ArtifactBlobProofRow.team == team,
+                    ArtifactBlobProofRow.sha256.in_(wanted[i:i + _BATCH]))))  # fmt: skip
+        return out
+
+    def add_proofs(self, team: str, digests) -> None:
+        """Record that `team` holds these blobs (idempotent, safe against racing adds)."""
+        for attempt in range(5):
+            try:
+                with self._session.begin() as s:
+                    have = set()
+                    wanted = sorted(set(digests))
+                    for i in range(0, len(wanted), _BATCH):
+                        have.update(s.scalars(select(ArtifactBlobProofRow.sha256).where(
+                            ArtifactBlobProofRow.team == team,
+                            ArtifactBlobProofRow.sha256.in_(wanted[i:i + _BATCH]))))  # fmt: skip
+                    now = self.clock()
+                    s.add_all(ArtifactBlobProofRow(team=team, sha256=d, created_at=now)
+                              for d in wanted if d not in have)  # fmt: skip
+                return
+            except (IntegrityError, OperationalError):  # a concurrent add of the same row
+                if attempt == 4:
+                    raise
+
+    def forget_proofs(self, digests) -> None:
+        """Drop every proof of these blobs (garbage collection deleted them)."""
+        wanted = sorted(set(digests))
+        with self._session.begin() as s:
+            for i in range(0, len(wanted), _BATCH):
+                s.execute(delete(ArtifactBlobProofRow).where(
+                    ArtifactBlobProofRow.sha256.in_(wanted[i:i + _BATCH])))  # fmt: skip
+
+
+_BATCH = 500

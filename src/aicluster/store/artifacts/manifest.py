@@ -2,8 +2,10 @@
 
 Invariants:
 - A manifest lists regular files only, by relative POSIX path (no leading `/`,
-  no `..`, no empty parts), sorted by path, each path once, with its size and
-  sha256. Its JSON form is canonical (sorted keys, no spaces), so the same
+  no `..`, no empty parts, no NUL), sorted by path, each path once, with its size
+  and sha256. A declared upload is held to stricter rules (`check_files(strict=True)`:
+  no control or format characters, length limits, no file that is also a folder,
+  a file-count cap). Its JSON form is canonical (sorted keys, no spaces), so the same
   version always has the same manifest digest.
 - `scan_folder` reads each file once to hash it; symlinks are followed only when
   they point inside the folder, anything else that is not a regular file is skipped.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import unicodedata
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
@@ -71,31 +74,113 @@ class Manifest:
 
 
 def is_digest(value: str) -> bool:
-    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    hexdigits = "0123456789abcdef"
+    return isinstance(value, str) and len(value) == 64 and all(c in hexdigits for c in value)
 
 
-def check_path(path: str) -> str:
-    p = PurePosixPath(path)
-    if not path or p.is_absolute() or any(part in ("", ".", "..") for part in path.split("/")):
-        raise ManifestError(f"file path {path!r}: must be relative, without '.' or '..' parts")
+# Upload limits (declared file lists). Reading an existing manifest applies only the
+# basic rules, so a version stored before a limit existed stays readable.
+MAX_FILES = 100_000
+MAX_PATH_CHARS = 1024
+MAX_PART_BYTES = 255  # what common filesystems allow for one name
+MAX_SIZE = 2**63 - 1  # SQL BIGINT
+# control, format (bidi overrides, zero-width), surrogate and line/paragraph separators
+_REFUSED_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}
+
+
+def shown(path: str, limit: int = 80) -> str:
+    """`path` quoted for a message: escaped (repr) and cut to `limit` characters."""
+    text = path if len(path) <= limit else path[:limit] + "..."
+    return repr(text)
+
+
+def check_path(path: str, strict: bool = False) -> str:
+    """A relative POSIX path without empty, `.` or `..` parts (and without NUL).
+
+    `strict` (declared uploads) also refuses control and format characters, paths
+    over MAX_PATH_CHARS characters and parts over MAX_PART_BYTES bytes (UTF-8)."""
+    if not isinstance(path, str):
+        raise ManifestError(f"file path {path!r}: must be a string")
+    if not path or path.startswith("/") or any(part in ("", ".", "..") for part in path.split("/")):
+        raise ManifestError(
+            f"file path {shown(path)}: must be relative, without '.' or '..' parts"
+        )
+    if "\0" in path:
+        raise ManifestError(f"file path {shown(path)}: contains a NUL character")
+    if not strict:
+        return path
+    if len(path) > MAX_PATH_CHARS:
+        raise ManifestError(
+            f"file path {shown(path)}: {len(path)} characters, at most {MAX_PATH_CHARS}"
+        )
+    for ch in path:
+        if unicodedata.category(ch) in _REFUSED_CATEGORIES:
+            raise ManifestError(
+                f"file path {shown(path)}: contains the control or format character "
+                f"U+{ord(ch):04X}"
+            )
+    for part in path.split("/"):
+        if len(part.encode()) > MAX_PART_BYTES:
+            raise ManifestError(
+                f"file path {shown(path)}: the name {shown(part, 40)} is over "
+                f"{MAX_PART_BYTES} bytes"
+            )
     return path
 
 
-def check_files(files) -> tuple[FileEntry, ...]:
-    """Validate and sort a file list (paths, sizes, digests; no duplicates)."""
-    out, seen = [], set()
-    for f in files:
-        if not isinstance(f, FileEntry):
-            f = FileEntry(**f)
-        check_path(f.path)
-        if not isinstance(f.size, int) or f.size < 0:
-            raise ManifestError(f"file {f.path!r}: size must be a non-negative integer")
+def _entry(i: int, f) -> FileEntry:
+    if isinstance(f, FileEntry):
+        return f
+    if not isinstance(f, dict) or set(f) != {"path", "size", "sha256"}:
+        raise ManifestError(f"files[{i}]: expected an object with path, size and sha256")
+    return FileEntry(f["path"], f["size"], f["sha256"])
+
+
+def check_files(files, strict: bool = False) -> tuple[FileEntry, ...]:
+    """Validate and sort a file list (paths, sizes, digests; no duplicates).
+
+    `strict` (a declared upload) adds the limits: the path rules of check_path, at
+    most MAX_FILES files, no file that is also a folder of another (`a` and `a/b`),
+    one size per sha256, sizes and their total at most MAX_SIZE."""
+    out, seen, sizes = [], {}, {}
+    for i, f in enumerate(files):
+        if strict and i >= MAX_FILES:
+            raise ManifestError(f"files: more than {MAX_FILES} files in one upload")
+        f = _entry(i, f)
+        try:
+            check_path(f.path, strict)
+        except ManifestError as exc:
+            raise ManifestError(f"files[{i}]: {exc}") from None
+        name = shown(f.path)
+        if isinstance(f.size, bool) or not isinstance(f.size, int) or f.size < 0:
+            raise ManifestError(f"files[{i}] {name}: size must be a non-negative integer")
+        if strict and f.size > MAX_SIZE:
+            raise ManifestError(f"files[{i}] {name}: size {f.size} is over {MAX_SIZE}")
         if not is_digest(f.sha256):
-            raise ManifestError(f"file {f.path!r}: sha256 must be 64 lowercase hex digits")
+            raise ManifestError(f"files[{i}] {name}: sha256 must be 64 lowercase hex digits")
         if f.path in seen:
-            raise ManifestError(f"file {f.path!r} is listed twice")
-        seen.add(f.path)
+            raise ManifestError(f"files[{i}]: file {name} is listed twice")
+        if strict:
+            other = sizes.setdefault(f.sha256, (f.size, f.path))
+            if other[0] != f.size:
+                raise ManifestError(
+                    f"files[{i}] {name}: size {f.size} differs from the size {other[0]} "
+                    f"declared for the same sha256 by {shown(other[1])}"
+                )
+        seen[f.path] = i
         out.append(f)
+    if strict:
+        for f in out:
+            parts = f.path.split("/")
+            for n in range(1, len(parts)):
+                folder = "/".join(parts[:n])
+                if folder in seen:
+                    raise ManifestError(
+                        f"files[{seen[f.path]}]: file path {shown(f.path)} needs a folder "
+                        f"{shown(folder)}, which is also declared as a file (files[{seen[folder]}])"
+                    )
+        if sum(f.size for f in out) > MAX_SIZE:
+            raise ManifestError(f"files: the total size is over {MAX_SIZE} bytes")
     return tuple(sorted(out, key=lambda f: f.path))
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 KINDS = ("dataset", "checkpoint", "model")
 LATEST = "latest"
+MAX_VERSION = 2**31 - 1  # versions are SQL INTEGER columns
 TEAM_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 NAME_RE = re.compile(r"[a-z0-9]([a-z0-9._-]{0,126}[a-z0-9])?")
 TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -31,11 +32,11 @@ class ArtifactRef:
 
     @property
     def version(self) -> int | None:
-        return int(self.selector) if self.selector and self.selector.isdigit() else None
+        return int(self.selector) if is_number(self.selector) else None
 
     @property
     def tag(self) -> str | None:
-        return self.selector if self.selector and not self.selector.isdigit() else None
+        return self.selector if self.selector and not is_number(self.selector) else None
 
     @property
     def full_name(self) -> str:
@@ -80,16 +81,30 @@ def check_name(name: str) -> str:
     return name
 
 
+def is_number(selector: str | None) -> bool:
+    """ASCII digits only (`str.isdigit` also accepts digits of other scripts and `²`)."""
+    return bool(selector) and selector.isascii() and selector.isdigit()
+
+
+def check_version(version: int, field: str = "version") -> int:
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_VERSION:
+        raise RefError(f"{field} {version!r}: a whole number from 1 to {MAX_VERSION}")
+    return version
+
+
 def check_selector(selector: str) -> str:
-    if selector.isdigit():
+    if is_number(selector):
         if int(selector) < 1:
             raise RefError(f"version {selector!r}: versions start at 1")
+        if len(selector) > 12 or int(selector) > MAX_VERSION:
+            shown = selector if len(selector) <= 24 else selector[:24] + "..."
+            raise RefError(f"version {shown!r}: versions are at most {MAX_VERSION}")
         return selector
     return check_tag(selector, allow_latest=True)
 
 
 def check_tag(tag: str, allow_latest: bool = False) -> str:
-    if not TAG_RE.fullmatch(tag or "") or tag.isdigit():
+    if not isinstance(tag, str) or not TAG_RE.fullmatch(tag) or is_number(tag):
         raise RefError(
             f"tag {tag!r}: letters, digits, '.', '_' and '-', not all digits (at most 64)"
         )

@@ -4,6 +4,15 @@ Upload protocol (used by the API and, in process, by `push_folder`):
 `begin_upload` (declare the files; answers which blobs are missing) ->
 `put_blob` for each missing one (streamed, hash-checked) -> `commit`.
 
+Proof of possession (`require_proof=True`, what the API uses for every caller):
+a blob counts as already stored for an upload only when the uploading team has
+shown it holds the bytes (`artifact_blob_proofs`: it PUT them and they hashed
+right, or a version of that team lists them). Anything else is reported missing,
+whether or not storage has it, so `missing` says nothing about other teams'
+blobs, and commit refuses (MissingBlobs) until the team has sent each of them.
+In-process callers that read the bytes themselves (`push_folder`, job outputs
+written by the node that hashed them) may skip the proof.
+
 Invariants:
 - A version is visible only after `commit` found every blob present and the
   index transaction that wrote its manifest and row succeeded. A killed upload
@@ -30,6 +39,7 @@ from pathlib import Path
 
 from aicluster.store.artifacts.backend import (
     BlobBackend,
+    BlobSizeMismatch,
     StorageConfig,
     load_storage_config,
     open_backend,
@@ -38,9 +48,11 @@ from aicluster.store.artifacts.index import ArtifactIndex, UploadRecord, Version
 from aicluster.store.artifacts.manifest import (
     FileEntry,
     Manifest,
+    ManifestError,
     check_files,
     check_path,
     scan_folder,
+    shown,
 )
 from aicluster.store.artifacts.names import ArtifactRef, check_kind, check_tag
 from aicluster.store.db import Conflict, NotFound, Store
@@ -88,11 +100,12 @@ class ArtifactStore:
     def begin_upload(
         self, ref: ArtifactRef, kind: str, files: Iterable[FileEntry | dict], *,
         metadata: dict | None = None, producer_job: str | None = None,
-        created_by: str | None = None,
+        created_by: str | None = None, require_proof: bool = False,
     ) -> tuple[UploadRecord, list[str]]:  # fmt: skip
-        """Open an upload session; returns it and the digests storage lacks."""
+        """Open an upload session; returns it and the digests it must send (those
+        storage lacks; with `require_proof` also those the team has not proved)."""
         check_kind(kind)
-        entries = check_files(files)
+        entries = check_files(files, strict=True)
         if ref.tag:
             check_tag(ref.tag)
         with self._lock(exclusive=False):
@@ -100,11 +113,16 @@ class ArtifactStore:
                 ref.team, ref.name, kind, entries, metadata=metadata, producer_job=producer_job,
                 version=ref.version, tag=ref.tag, created_by=created_by,
             )  # fmt: skip
-            return up, self._missing(up)
+            return up, self._missing(up, require_proof)
 
-    def _missing(self, up: UploadRecord) -> list[str]:
+    def _missing(self, up: UploadRecord, require_proof: bool) -> list[str]:
         digests = sorted({f.sha256 for f in up.files})
-        have = self.backend.present(digests)
+        if require_proof:
+            proved = self.index.proved(up.team, digests)
+            candidates = [d for d in digests if d in proved]
+        else:
+            candidates = digests
+        have = self.backend.present(candidates)
         return [d for d in digests if d not in have]
 
     def upload(self, upload_id: str) -> UploadRecord:
@@ -113,15 +131,19 @@ class ArtifactStore:
             raise NotFound(f"upload {upload_id} not found (committed, aborted or expired)")
         return up
 
-    def missing(self, upload_id: str) -> list[str]:
-        return self._missing(self.upload(upload_id))
+    def missing(self, upload_id: str, require_proof: bool = False) -> list[str]:
+        return self._missing(self.upload(upload_id), require_proof)
 
-    def blob_writer(self, upload_id: str, digest: str):
-        """A BlobWriter for a blob the session declared (NotFound otherwise)."""
+    def blob_writer(self, upload_id: str, digest: str) -> UploadWriter:
+        """A writer for a blob the session declared (NotFound otherwise): it takes at
+        most the declared size, publishes only matching bytes and records that the
+        uploading team holds them."""
         up = self.upload(upload_id)
-        if digest not in {f.sha256 for f in up.files}:
+        paths = [f.path for f in up.files if f.sha256 == digest]
+        if not paths:
             raise NotFound(f"blob {digest} is not part of upload {upload_id}")
-        return self.backend.writer(digest)
+        size = next(f.size for f in up.files if f.sha256 == digest)
+        return UploadWriter(self, up.team, digest, size, paths)
 
     def put_blob(self, upload_id: str, digest: str, chunks: Iterable[bytes]) -> int:
         w = self.blob_writer(upload_id, digest)
@@ -133,13 +155,31 @@ class ArtifactStore:
             raise
         return w.commit()
 
-    def commit(self, upload_id: str) -> VersionRecord:
-        """Make the upload a version (MissingBlobs if storage lacks any of its blobs)."""
+    def commit(self, upload_id: str, require_proof: bool = False) -> VersionRecord:
+        """Make the upload a version: MissingBlobs if storage lacks any of its blobs
+        (or, with `require_proof`, the team has not proved it holds them);
+        ManifestError naming the file if a stored blob's size is not the declared one."""
         with self._lock(exclusive=False):
-            missing = self.missing(upload_id)
+            up = self.upload(upload_id)
+            missing = self._missing(up, require_proof)
             if missing:
                 raise MissingBlobs(missing)
-            return self.index.commit_upload(upload_id, self._write_manifest)
+            self._check_sizes(up)
+            v = self.index.commit_upload(upload_id, self._write_manifest)
+            self.index.add_proofs(up.team, {f.sha256 for f in up.files})
+            return v
+
+    def _check_sizes(self, up: UploadRecord) -> None:
+        stored = self.backend.sizes({f.sha256 for f in up.files})
+        for f in up.files:
+            got = stored.get(f.sha256)
+            if got is None:
+                raise MissingBlobs([f.sha256])
+            if got != f.size:
+                raise ManifestError(
+                    f"file {shown(f.path)}: declared size {f.size}, but its blob "
+                    f"{f.sha256} has {got} bytes"
+                )
 
     def _write_manifest(self, up: UploadRecord, version: int, now: float) -> str:
         m = Manifest(
@@ -170,6 +210,10 @@ class ArtifactStore:
     def iter_blob(self, digest: str) -> Iterator[bytes]:
         return self.backend.iter_blob(digest)
 
+    def open_blob(self, digest: str) -> tuple[int, Iterator[bytes]]:
+        """(size, chunks), the bytes checked before this returns (BlobCorrupt if not)."""
+        return self.backend.open_verified(digest)
+
     # -- changing -----------------------------------------------------------------------
 
     def delete_version(self, ref: ArtifactRef, collect: bool = True) -> VersionRecord:
@@ -189,11 +233,13 @@ class ArtifactStore:
                 keep.add(digest)
                 data = self.backend.read_bytes(digest)  # unreadable: stop, delete nothing
                 keep |= Manifest.from_json(data).digests()
-            deleted = freed = 0
+            deleted, freed, gone = 0, 0, []
             for digest, (size, mtime) in self.backend.list_blobs().items():
                 if digest not in keep and mtime <= now - grace_s:
                     self.backend.delete(digest)
                     deleted, freed = deleted + 1, freed + size
+                    gone.append(digest)
+            self.index.forget_proofs(gone)
             self.backend.clean_tmp(older_than_s=3600)
             return GcReport(deleted, freed, len(keep))
 
@@ -224,6 +270,36 @@ class ArtifactStore:
         """Write the version's files under dest (created; must not exist), verified."""
         v = self.resolve(ref)
         return write_tree(self.manifest(v), Path(dest), self.iter_blob, progress)
+
+
+class UploadWriter:
+    """A BlobWriter for one declared blob of an upload session (see `blob_writer`)."""
+
+    def __init__(self, store: ArtifactStore, team: str, digest: str, size: int, paths: list[str]):
+        self.store, self.team, self.digest, self.paths = store, team, digest, paths
+        self._w = store.backend.writer(digest, expect_size=size)
+
+    def _named(self, exc: Exception) -> ManifestError:
+        names = ", ".join(shown(p) for p in self.paths[:3])
+        more = f" and {len(self.paths) - 3} more" if len(self.paths) > 3 else ""
+        return ManifestError(f"file {names}{more}: {exc}")
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._w.write(data)
+        except BlobSizeMismatch as exc:
+            raise self._named(exc) from None
+
+    def commit(self) -> int:
+        try:
+            size = self._w.commit()
+        except BlobSizeMismatch as exc:
+            raise self._named(exc) from None
+        self.store.index.add_proofs(self.team, [self.digest])
+        return size
+
+    def abort(self) -> None:
+        self._w.abort()
 
 
 def _read_chunks(path: Path, progress: Progress | None, size: int = 1 << 20) -> Iterator[bytes]:

@@ -8,6 +8,10 @@ Invariants:
 - `artifact_uploads` rows are upload sessions; their `files` protect the blobs
   they name from garbage collection until they are committed, aborted or expire.
 - The `latest` tag is never stored: it is the highest live version.
+- An `artifact_blob_proofs` row (team, sha256) says the team has shown it holds
+  that blob's bytes (it sent them and they hashed right, or a version of the team
+  lists the blob). Only such blobs count as already stored in the team's uploads,
+  so a team cannot get another team's bytes by declaring their digest.
 """
 
 from __future__ import annotations
@@ -80,4 +84,11 @@ class ArtifactUploadRow(Base):
     meta: Mapped[dict] = mapped_column(JSON)
     producer_job: Mapped[str | None] = mapped_column(String(80), nullable=True)
     created_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class ArtifactBlobProofRow(Base):
+    __tablename__ = "artifact_blob_proofs"
+    team: Mapped[str] = mapped_column(ForeignKey("teams.name"), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
     created_at: Mapped[float] = mapped_column(Float)
