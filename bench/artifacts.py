@@ -9,9 +9,9 @@ on 127.0.0.1, in memory) and each layout of a model of `--size` bytes (many 4 Mi
 files; one large file), it measures:
 
 - raw copy:   `shutil.copytree` of the source folder to a new folder (the baseline);
-- push:       `aicluster.cli.artifacts_sdk.push` through the real artifact API
+- push:       `aicluster.client.artifacts.push` through the real artifact API
               (FastAPI + uvicorn on loopback in its own process, no Ray), hashing included;
-- pull:       `artifacts_sdk.pull` into a new folder, every file hash-checked;
+- pull:       `aicluster.client.artifacts.pull` into a new folder, every file hash-checked;
 - cache cold: `pull` through an empty node cache (`runtime.cache.BlobCache`);
 - cache hit:  the same pull for a second replica on the node (hard links, no transfer).
 
@@ -137,8 +137,8 @@ def timed(fn) -> float:
 
 
 def run_case(tmp: Path, url: str, token: str, size: int, many: bool, name: str) -> dict:
-    from aicluster.cli import artifacts_sdk as arts
-    from aicluster.cli.sdk import Client
+    from aicluster.client import artifacts as arts
+    from aicluster.client.api import Client
     from aicluster.runtime.cache import BlobCache, release
 
     src = make_source(tmp / "src", size, many)

@@ -120,7 +120,7 @@ class LogWatcher:
         self.lines: list[tuple[float, str]] = []
 
     def poll(self) -> list[tuple[float, str]]:
-        from aicluster.cli.sdk import ApiError
+        from aicluster.client.api import ApiError
 
         new: list[tuple[float, str]] = []
         while True:
@@ -647,7 +647,7 @@ def main() -> int:
 
     from harness import ControlPlaneProc, free_port
 
-    from aicluster.cli.sdk import ApiError
+    from aicluster.client.api import ApiError
     from aicluster.engine.raynode import kill_installation
 
     print(f"recovery benchmark: home {home}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "

@@ -42,7 +42,7 @@ def main() -> None:
 
     home = Path(tempfile.mkdtemp(prefix="aic-bench-"))
     apply_ray_env(home)
-    from aicluster.cli.sdk import Client
+    from aicluster.client.api import Client
     from aicluster.engine.raynode import _free_port, kill_installation
 
     ray_port, dash_port, api_port = _free_port(), _free_port(), _free_port()

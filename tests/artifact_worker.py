@@ -16,14 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+from aicluster.artifacts import parse_ref, scan_folder
 from aicluster.runtime.cache import BlobCache
 from aicluster.store import open_store
-from aicluster.store.artifacts import (
-    ArtifactStore,
-    StorageConfig,
-    parse_ref,
-    scan_folder,
-)
+from aicluster.store.artifacts import ArtifactStore, StorageConfig
 
 
 def _opt(args: list[str], name: str, default=None):

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aicluster.cli.sdk import Client
+from aicluster.client.api import Client
 from aicluster.engine.protocol import GPU_MODEL_LABEL, POOL_LABEL
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}

@@ -127,7 +127,7 @@ def test_teams_and_tokens_from_the_cli(platform):
 def test_deploy_a_service_and_call_it_with_openai(platform):
     import openai
 
-    from aicluster.cli.sdk import Client
+    from aicluster.client.api import Client
     from harness import wait_for
 
     home = platform[0]

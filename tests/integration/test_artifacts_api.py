@@ -13,9 +13,9 @@ import pytest
 from artifact_support import make_tree, read_tree
 from typer.testing import CliRunner
 
-from aicluster.cli import artifacts_sdk as arts
 from aicluster.cli.main import app
-from aicluster.cli.sdk import ApiError
+from aicluster.client import artifacts as arts
+from aicluster.client.api import ApiError
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +83,15 @@ def test_resume_sends_only_missing_blobs(control_plane, users, tmp_path):
     c = control_plane.client(users["a"])
     files = {f"part-{i}": os.urandom(100_000) for i in range(5)}
     src = make_tree(tmp_path / "d", files)
-    from aicluster.store.artifacts import scan_folder
+    from aicluster.artifacts import scan_folder
 
     scanned = scan_folder(src)
-    up = c._json("POST", "/v1/artifacts/uploads", json={
+    up = c.request_json("POST", "/v1/artifacts/uploads", json={
         "name": "data", "kind": "dataset", "files": [e.__dict__ for e, _ in scanned]})  # fmt: skip
     for e, p in scanned[:2]:  # an upload that stops after two files
         arts.put_blob(c, up["upload_id"], e.sha256, p)
     with pytest.raises(ApiError) as exc:
-        c._json("POST", f"/v1/artifacts/uploads/{up['upload_id']}/commit")
+        c.request_json("POST", f"/v1/artifacts/uploads/{up['upload_id']}/commit")
     assert exc.value.status_code == 409 and len(exc.value.detail["missing"]) == 3
     assert arts.list_artifacts(c) and "data" not in {a["name"] for a in arts.list_artifacts(c)}
     plan = []

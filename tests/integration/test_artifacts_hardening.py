@@ -16,9 +16,9 @@ import os
 import pytest
 from artifact_support import make_tree, read_tree
 
-from aicluster.cli import artifacts_sdk as arts
-from aicluster.cli.sdk import ApiError
-from aicluster.store.artifacts.manifest import MAX_FILES
+from aicluster.artifacts.manifest import MAX_FILES
+from aicluster.client import artifacts as arts
+from aicluster.client.api import ApiError
 
 UPLOADS = "/v1/artifacts/uploads"
 
@@ -66,8 +66,8 @@ def refused(resp, status: int, *says: str) -> dict:
 def begin(client, name: str, files: list[dict], **extra):
     body = {"name": name, "kind": "model", "files": files, **extra}
     # json.dumps escapes what httpx's encoder cannot send (a lone surrogate, as \\ud800)
-    return client._http.post(UPLOADS, content=json.dumps(body).encode(),
-                             headers={"Content-Type": "application/json"})  # fmt: skip
+    return client.send("POST", UPLOADS, content=json.dumps(body).encode(),
+                       headers={"Content-Type": "application/json"})  # fmt: skip
 
 
 def one_file(data: bytes, path: str = "w.bin") -> list[dict]:
@@ -87,15 +87,15 @@ def test_another_teams_digest_is_missing_and_cannot_be_committed(alice, bob, tmp
     assert up["missing"] == [sha(secret)]  # as if nobody had it
     probe = begin(bob, "hb-probe", one_file(b"stored nowhere")).json()
     assert probe["missing"] == [sha(b"stored nowhere")]  # the same answer: no oracle
-    got = bob._http.get(f"{UPLOADS}/{up['upload_id']}").json()
+    got = bob.send("GET", f"{UPLOADS}/{up['upload_id']}").json()
     assert got["missing"] == [sha(secret)]
-    commit = bob._http.post(f"{UPLOADS}/{up['upload_id']}/commit")
+    commit = bob.send("POST", f"{UPLOADS}/{up['upload_id']}/commit")
     detail = refused(commit, 409, "missing")
     assert detail["missing"] == [sha(secret)]
-    wrong = bob._http.put(f"{UPLOADS}/{up['upload_id']}/blobs/{sha(secret)}",
-                          content=os.urandom(len(secret)))  # fmt: skip
+    wrong = bob.send("PUT", f"{UPLOADS}/{up['upload_id']}/blobs/{sha(secret)}",
+                     content=os.urandom(len(secret)))  # fmt: skip
     refused(wrong, 400, sha(secret))
-    refused(bob._http.post(f"{UPLOADS}/{up['upload_id']}/commit"), 409, "missing")
+    refused(bob.send("POST", f"{UPLOADS}/{up['upload_id']}/commit"), 409, "missing")
     assert names(bob) == before and "hb-steal" not in names(bob)
     with pytest.raises(ApiError) as exc:
         arts.pull(bob, "hard-b/hb-steal", tmp_path / "stolen")
@@ -132,7 +132,7 @@ def test_tampered_blob_answers_409_without_its_bytes(control_plane, alice, tmp_p
     evil = b"EVIL" + os.urandom(size - 4)
     blob.write_bytes(evil)
     url = f"/v1/artifacts/hard-a/{name}/versions/{v['version']}/blobs/{digest}"
-    resp = alice._http.get(url)
+    resp = alice.send("GET", url)
     refused(resp, 409, "corrupt", digest)
     assert b"EVIL" not in resp.content and len(resp.content) < 1000
     assert name in names(alice)
@@ -146,9 +146,9 @@ def test_declared_size_is_checked_when_the_blob_arrives(alice, tmp_path):
     for declared in (len(data) - 1, len(data) + 1):
         up = begin(alice, "hb-size", [{"path": "weights/part.bin", "size": declared,
                                        "sha256": sha(data)}]).json()  # fmt: skip
-        put = alice._http.put(f"{UPLOADS}/{up['upload_id']}/blobs/{sha(data)}", content=data)
+        put = alice.send("PUT", f"{UPLOADS}/{up['upload_id']}/blobs/{sha(data)}", content=data)
         refused(put, 400, "'weights/part.bin'", str(declared))
-        refused(alice._http.post(f"{UPLOADS}/{up['upload_id']}/commit"), 409, "missing")
+        refused(alice.send("POST", f"{UPLOADS}/{up['upload_id']}/commit"), 409, "missing")
     assert "hb-size" not in names(alice)
 
 
@@ -157,7 +157,7 @@ def test_declared_size_is_checked_at_commit(alice, tmp_path):
     arts.push(alice, make_tree(tmp_path / "s", {"w": data}), "hb-size-src", "model")
     up = begin(alice, "hb-size2", [{"path": "lies.bin", "size": 1, "sha256": sha(data)}]).json()
     assert up["missing"] == []  # alice holds it: dedup'd
-    commit = alice._http.post(f"{UPLOADS}/{up['upload_id']}/commit")
+    commit = alice.send("POST", f"{UPLOADS}/{up['upload_id']}/commit")
     refused(commit, 400, "'lies.bin'", "declared size 1", f"has {len(data)} bytes")
     assert "hb-size2" not in names(alice)
 
@@ -200,9 +200,9 @@ def test_bad_sizes_are_refused_at_begin(alice, size, says):
 
 
 def test_non_finite_metadata_and_too_many_files_are_refused(alice):
-    resp = alice._http.post(UPLOADS, content=b'{"name": "hb-meta", "files": [], "metadata": '
-                                             b'{"loss": NaN}}',
-                            headers={"Content-Type": "application/json"})  # fmt: skip
+    resp = alice.send("POST", UPLOADS, content=b'{"name": "hb-meta", "files": [], "metadata": '
+                                               b'{"loss": NaN}}',
+                      headers={"Content-Type": "application/json"})  # fmt: skip
     refused(resp, 400, "metadata")
     files = [{"path": f"f{i}", "size": 0, "sha256": "0" * 64} for i in range(MAX_FILES + 1)]
     refused(begin(alice, "hb-many", files), 422, "files")
@@ -240,9 +240,9 @@ def test_huge_version_numbers_answer_400_naming_the_version(alice, tmp_path):
         ("PUT", f"{base}/tags/good", {"version": big}),
         ("POST", UPLOADS, {"name": f"hb-ver:{big}", "files": []}),
     ]:
-        resp = alice._http.request(method, url, json=body)
+        resp = alice.send(method, url, json=body)
         refused(resp, 400, f"version '{big}'")
-    resp = alice._http.get(f"{base}/versions/%C2%B2")  # '²': str.isdigit() but no number
+    resp = alice.send("GET", f"{base}/versions/%C2%B2")  # '²': str.isdigit() but no number
     assert resp.status_code in (400, 404)
     assert [v["version"] for v in arts.describe(alice, "hb-ver")["versions"]] == [1]
 
@@ -251,7 +251,7 @@ def test_huge_version_numbers_answer_400_naming_the_version(alice, tmp_path):
 
 
 def test_every_artifact_route_declares_its_error_statuses(admin):
-    doc = admin._json("GET", "/openapi.json")
+    doc = admin.request_json("GET", "/openapi.json")
     assert "ErrorBody" in doc["components"]["schemas"]
     ops = [(path, method, op) for path, item in doc["paths"].items()
            if path.startswith("/v1/artifacts") for method, op in item.items()]  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from aicluster.cli.sdk import ApiError
+from aicluster.client.api import ApiError
 from harness import TERMINAL
 
 

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from aicluster.cli.sdk import pack_workdir
+from aicluster.client.api import pack_workdir
 from harness import wait_for
 
 pytest.importorskip("torch", reason="the builtin engine needs the torch extra")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from aicluster.cli import artifacts_sdk
-from aicluster.cli.sdk import ApiError
+from aicluster.client import artifacts as arts
+from aicluster.client.api import ApiError
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
@@ -15,7 +15,7 @@ def test_job_reads_an_input_and_pushes_an_output(admin, tmp_path):
     (src / "sub").mkdir(parents=True)
     (src / "hello.txt").write_text("hello from the dataset\n")
     (src / "sub" / "numbers.csv").write_text("1,2,3\n")
-    version = artifacts_sdk.push(admin, src, "default/ja-data", "dataset")
+    version = arts.push(admin, src, "default/ja-data", "dataset")
     cmd = (
         'cat "$DATA_DIR/hello.txt"; '
         "stat -c 'mode=%a' data data/hello.txt; "
@@ -34,7 +34,7 @@ def test_job_reads_an_input_and_pushes_an_output(admin, tmp_path):
         # read-only for everyone but root (who ignores modes: these tests may run as root)
         assert all(m in ("mode=555", "mode=444") for m in log.split() if m.startswith("mode="))
         assert log.count("mode=") == 2
-    got, path = artifacts_sdk.pull(admin, "default/ja-result:1", tmp_path / "result")
+    got, path = arts.pull(admin, "default/ja-result:1", tmp_path / "result")
     assert (path / "numbers.csv").read_text() == "1,2,3\n"
     assert (path / "new.txt").read_text() == "made-here\n"
     assert got["version"] == 1 and version["version"] >= 1
@@ -79,7 +79,7 @@ time.sleep(600)
 
 def test_job_resumes_from_an_artifact_checkpoint_on_another_node(ray_cluster, control_plane, admin,
                                                                  tmp_path):  # fmt: skip
-    from aicluster.cli.sdk import pack_workdir
+    from aicluster.client.api import pack_workdir
     from aicluster.engine.protocol import GPU_MODEL_LABEL, POOL_LABEL
     from harness import COMMON_NODE_ARGS, wait_for
 
@@ -105,7 +105,7 @@ def test_job_resumes_from_an_artifact_checkpoint_on_another_node(ray_cluster, co
     log = admin.logs(job["id"])[0].decode()
     first_log = admin.logs(job["id"], attempt=1)[0].decode()
     assert f"resumed from step 5 on {victim.node_id}" in log, (first, done, first_log, log)
-    ckpt = artifacts_sdk.version(admin, "default/ckpt-mover-ckpt:latest")
+    ckpt = arts.version(admin, "default/ckpt-mover-ckpt:latest")
     assert ckpt["kind"] == "checkpoint" and ckpt["metadata"] == {"step": 5}
     # Each attempt got a token of the job's owner; all are revoked once the job ended.
     import sqlite3
@@ -129,7 +129,7 @@ def test_jobs_prefer_nodes_that_already_cache_their_inputs(admin, tmp_path):
     src = tmp_path / "d"
     src.mkdir()
     (src / "x.bin").write_bytes(b"x" * 1024)
-    artifacts_sdk.push(admin, src, "default/ja-local", "dataset")
+    arts.push(admin, src, "default/ja-local", "dataset")
     gpu = sorted((n for n in admin.nodes() if n["pool"] == "gpu" and n["alive"]),
                  key=lambda n: (n["name"], n["node_id"]))  # fmt: skip
     first, second = gpu[0]["node_id"], gpu[1]["node_id"]

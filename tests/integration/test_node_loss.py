@@ -48,7 +48,7 @@ def test_checkpointing_job_resumes_on_healthy_nodes_after_node_death(ray_cluster
     import re
     from pathlib import Path
 
-    from aicluster.cli.sdk import pack_workdir
+    from aicluster.client.api import pack_workdir
 
     cluster, _ = ray_cluster
     labels = {POOL_LABEL: "ckpt", GPU_MODEL_LABEL: "V100"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from aicluster.cli.sdk import node_action
+from aicluster.client.api import node_action
 from harness import wait_for
 
 

@@ -18,7 +18,7 @@ def test_team_reclaims_quota_by_preempting_a_borrower(admin, shared_dir):
     for team in ("q-owner", "q-borrower"):
         if team not in admin.teams():
             admin.create_team(team)
-    set_quota = lambda team, body: admin._json("PUT", f"/v1/teams/{team}/quotas/gpu", json=body)  # noqa: E731
+    set_quota = lambda team, body: admin.set_quota(team, "gpu", body)  # noqa: E731
     set_quota("q-owner", {"gpus": 4, "borrow_gpus": 0})
     set_quota("q-borrower", {"gpus": 0})
     borrower = admin.submit({"kind": "job", "name": "borrow", "team": "q-borrower", "workers": 2,
@@ -36,7 +36,7 @@ def test_team_reclaims_quota_by_preempting_a_borrower(admin, shared_dir):
         assert job["restarts"] == 0, "a preemption spends no restart"
         waiting = wait_for(lambda: (j := admin.job(borrower["id"]))["status"] == "PENDING"
                            and j["message"] and j, what="a wait reason")  # fmt: skip
-        queue = admin._json("GET", "/v1/queue")["queue"]
+        queue = admin.queue()
         assert any(q["workload"] == borrower["id"] for q in queue)
         assert waiting["message"]
         admin.cancel(owner["id"])

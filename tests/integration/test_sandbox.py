@@ -11,7 +11,7 @@ import os
 import httpx
 import pytest
 
-from aicluster.cli import artifacts_sdk
+from aicluster.client import artifacts as arts
 from aicluster.runtime.sandbox import node_can_sandbox
 from aicluster.runtime.worker import work_root
 from harness import TERMINAL, wait_for
@@ -61,7 +61,7 @@ def tenants(admin, control_plane, tmp_path_factory):
     b = control_plane.client(admin.create_token("sbx-bob", team="sbx-b")["token"])
     src = tmp_path_factory.mktemp("weights")
     (src / "w.bin").write_bytes(b"team-a-weights")
-    artifacts_sdk.push(a, src, "weights", "model")
+    arts.push(a, src, "weights", "model")
     job = a.submit({"kind": "job", "name": "a-secret", "team": "sbx-a", "command":
                     "echo A-SECRET-7c1f > mine.txt; echo A-LOG-SECRET-7c1f; sleep 600"}, None)  # fmt: skip
     a.wait(job["id"], {"RUNNING"}, timeout=60)
@@ -117,7 +117,7 @@ def test_two_teams_run_as_two_different_users(tenants):
 
 def test_a_jobs_token_is_scoped_to_its_team_and_its_checkpoints(control_plane, tenants, tmp_path):
     (tmp_path / "probe.py").write_text(PROBE)
-    from aicluster.cli.sdk import pack_workdir
+    from aicluster.client.api import pack_workdir
 
     a_id = tenants["a_job"]["id"]
     job = tenants["b"].submit({"kind": "job", "name": "b-probe", "team": "sbx-b", "working_dir": ".",
@@ -141,7 +141,7 @@ def test_a_jobs_token_is_scoped_to_its_team_and_its_checkpoints(control_plane, t
 
 def test_an_admins_job_is_not_an_admin(admin, tmp_path):
     (tmp_path / "probe.py").write_text(PROBE)
-    from aicluster.cli.sdk import pack_workdir
+    from aicluster.client.api import pack_workdir
 
     job = admin.submit({"kind": "job", "name": "admin-probe", "working_dir": ".",
                         "command": "python probe.py nothing"}, pack_workdir(tmp_path))  # fmt: skip

@@ -20,7 +20,7 @@ from artifact_support import (  # noqa: F401
     worker,
 )
 
-from aicluster.store.artifacts import parse_ref
+from aicluster.artifacts import parse_ref
 
 FILES = 8
 SIZE = 256 << 10  # 4 chunks of 64 KiB each

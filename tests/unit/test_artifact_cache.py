@@ -9,8 +9,9 @@ import time
 import pytest
 from artifact_support import artifacts, home, make_tree, read_tree, s3_server, worker  # noqa: F401
 
+from aicluster.artifacts import FileEntry, Manifest, parse_ref
 from aicluster.runtime.cache import BlobCache, CacheCorrupt, release
-from aicluster.store.artifacts import FileEntry, Manifest, StorageConfig, parse_ref
+from aicluster.store.artifacts import StorageConfig
 
 KIB = 1024
 

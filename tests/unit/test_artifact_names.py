@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from aicluster.store.artifacts import (
+from aicluster.artifacts import (
     FileEntry,
     Manifest,
     ManifestError,
     RefError,
     parse_ref,
 )
-from aicluster.store.artifacts.manifest import check_files, scan_folder
-from aicluster.store.artifacts.names import check_tag
+from aicluster.artifacts.manifest import check_files, scan_folder
+from aicluster.artifacts.names import check_tag
 
 SHA = "a" * 64
 

@@ -14,9 +14,10 @@ import os
 import pytest
 from artifact_support import artifacts, home, make_tree, s3_server, storage  # noqa: F401
 
-from aicluster.store.artifacts import BlobCorrupt, ManifestError, MissingBlobs, RefError, parse_ref
-from aicluster.store.artifacts.manifest import MAX_FILES, MAX_SIZE, check_files
-from aicluster.store.artifacts.names import MAX_VERSION
+from aicluster.artifacts import ManifestError, RefError, parse_ref
+from aicluster.artifacts.manifest import MAX_FILES, MAX_SIZE, check_files
+from aicluster.artifacts.names import MAX_VERSION
+from aicluster.store.artifacts import BlobCorrupt, MissingBlobs
 
 R = parse_ref
 

@@ -11,8 +11,9 @@ import os
 import pytest
 from artifact_support import artifacts, home, make_tree, read_tree, s3_server, storage  # noqa: F401
 
-from aicluster.store.artifacts import BlobCorrupt, MissingBlobs, parse_ref
-from aicluster.store.artifacts.manifest import FileEntry
+from aicluster.artifacts import parse_ref
+from aicluster.artifacts.manifest import FileEntry
+from aicluster.store.artifacts import BlobCorrupt, MissingBlobs
 from aicluster.store.db import Conflict, NotFound
 
 R = parse_ref

@@ -1,23 +1,26 @@
 """The gateway in front of a real simulated engine replica (with its secret), served by
 uvicorn on loopback: body limits, `team/name` models, engines' errors in OpenAI's format,
-held requests that time out or lose their service, and the OpenAPI description."""
+held requests that time out or lose their service, the OpenAPI description, and retries
+(onto another replica before the first byte, never once bytes flowed)."""
 
 from __future__ import annotations
 
 import threading
+from contextlib import ExitStack
 
 import httpx
 import openai
 import pytest
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from aicluster.control.endpoints import Endpoint, EndpointTable, ServiceEndpoints
-from aicluster.gateway.proxy import Gateway
+from aicluster.gateway.proxy import MAX_ATTEMPTS, Gateway
 from aicluster.runtime.simulated_core import SimulatedEngineOptions
 from aicluster.runtime.simulated_engine import create_app
 from aicluster.store.db import Principal
 from asgi_server import serving
-from harness import wait_for
+from harness import free_port, wait_for
 
 SECRET = "replica-secret"
 TOKENS = {
@@ -166,3 +169,129 @@ def test_openapi_documents_bodies_and_error_codes(gw):
     assert err.endswith("/OpenAIError")
     assert "prompt" in doc["paths"]["/v1/completions"]["post"]["requestBody"]["content"][
         "application/json"]["schema"]["properties"]
+
+
+# -- retries: before the first byte onto another replica, never once bytes flowed --------
+
+
+class Replica:
+    """A stand-in engine on loopback that answers every completion with `answer()`
+    and counts the requests it got."""
+
+    def __init__(self, answer):
+        self.hits = 0
+        self.app = FastAPI()
+
+        @self.app.post("/v1/completions")
+        async def completions():
+            self.hits += 1
+            return answer()
+
+
+def _completion():
+    return JSONResponse({"id": "c1", "object": "text_completion", "model": "chat",
+                         "choices": [{"index": 0, "text": "fine"}]})  # fmt: skip
+
+
+def _cut_stream():
+    async def body():
+        yield b"data: first\n\n"
+        raise RuntimeError("the engine died mid-stream")
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+ANSWERS = {
+    "good": _completion,
+    "broken": lambda: JSONResponse({"detail": "overloaded"}, status_code=503),
+    "refusing": lambda: JSONResponse({"error": "max_tokens too large"}, status_code=400),
+    "cut": _cut_stream,
+}
+
+
+@pytest.fixture(scope="module")
+def replicas():
+    """One running replica per kind of answer, shared by the module's tests."""
+    with ExitStack() as stack:
+        reps = {name: Replica(answer) for name, answer in ANSWERS.items()}
+        urls = {name: stack.enter_context(serving(r.app)) for name, r in reps.items()}
+        yield reps, urls
+
+
+@pytest.fixture()
+def router(replicas):
+    """The gateway (its object too) in front of `replicas`; `route(*kinds)` publishes
+    a service whose replicas are tried in that order."""
+    reps, urls = replicas
+    for r in reps.values():
+        r.hits = 0
+    table = EndpointTable()
+    gateway = Gateway(table, TOKENS.get, hold_timeout_s=1.0)
+    app = FastAPI()
+    app.include_router(gateway.router())
+
+    def route(*kinds: str) -> None:
+        eps = tuple(Endpoint(f"r{i}-{kind}", urls.get(kind, kind), SECRET)
+                    for i, kind in enumerate(kinds))  # fmt: skip
+        svc = ServiceEndpoints("team-a", "chat", "simulated", "least_outstanding", {}, eps, "chat")
+        table.publish({("team-a", "chat"): svc})
+        policy = gateway.policy(svc)
+        for rank, ep in enumerate(eps):  # least outstanding first: make the order kinds' order
+            for _ in range(rank):
+                policy.on_start(ep.replica_id)
+
+    with serving(app) as url:
+        yield route, url, reps, table
+
+
+def _ask(url: str) -> httpx.Response:
+    return post(url, "tok-a", json={"model": "chat", "prompt": "x", "max_tokens": 1})
+
+
+def test_a_5xx_before_the_first_byte_is_retried_on_another_replica(router):
+    route, url, reps, table = router
+    route("broken", "good")
+    r = _ask(url)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "fine"
+    assert (reps["broken"].hits, reps["good"].hits) == (1, 1)
+    wait_for(lambda: table.demand("team-a", "chat").ongoing == 0, timeout=5, what="finished")
+
+
+def test_a_replica_that_refuses_connections_is_skipped(router):
+    route, url, reps, _table = router
+    route(f"http://127.0.0.1:{free_port()}", "good")  # nothing listens there
+    assert _ask(url).status_code == 200 and reps["good"].hits == 1
+
+
+def test_an_engines_own_4xx_is_the_answer_not_a_reason_to_retry(router):
+    route, url, reps, _table = router
+    route("refusing", "good")
+    r = _ask(url)
+    assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
+    assert (reps["refusing"].hits, reps["good"].hits) == (1, 0)
+
+
+def test_no_retry_once_bytes_flowed(router):
+    route, url, reps, table = router
+    route("cut", "good")
+    got = b""
+    headers = {"Authorization": "Bearer tok-a"}
+    with httpx.stream("POST", url + "/v1/completions", headers=headers, timeout=30,
+                      json={"model": "chat", "prompt": "x", "stream": True}) as r:  # fmt: skip
+        assert r.status_code == 200
+        try:
+            for chunk in r.iter_raw():
+                got += chunk
+        except httpx.HTTPError:
+            pass  # the replica's stream broke; the client sees it break too
+    assert got == b"data: first\n\n", "exactly what the replica sent, nothing replayed"
+    assert (reps["cut"].hits, reps["good"].hits) == (1, 0)
+    wait_for(lambda: table.demand("team-a", "chat").ongoing == 0, timeout=5, what="finished")
+
+
+def test_retries_stop_after_max_attempts(router):
+    route, url, reps, _table = router
+    route("broken", "broken", "broken", "broken", "good")  # 5 replicas, 4 of them failing
+    r = _ask(url)
+    assert r.status_code == 503 and "all replicas failed" in r.json()["error"]["message"]
+    assert reps["broken"].hits == MAX_ATTEMPTS and reps["good"].hits == 0

@@ -9,15 +9,16 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from aicluster.catalog import load_catalog
-from aicluster.cli import plan_cmds, plan_report
-from aicluster.core.planner.assumptions import BTU_PER_HOUR_PER_WATT, Assumptions
-from aicluster.core.planner.cluster import fabric, pack_nodes, serve_nodes
-from aicluster.core.planner.inputs import resolve
-from aicluster.core.planner.inventory import fit_inventory
-from aicluster.core.planner.plan import make_plan, plan_to_dict
-from aicluster.core.planner.power_cost import nodes_per_rack
-from aicluster.spec import load_spec, load_spec_text
+from aicluster.cli import plan_cmds
+from aicluster.planner import report as plan_report
+from aicluster.planner.assumptions import BTU_PER_HOUR_PER_WATT, Assumptions
+from aicluster.planner.catalog import load_catalog
+from aicluster.planner.cluster import fabric, pack_nodes, serve_nodes
+from aicluster.planner.inputs import resolve
+from aicluster.planner.inventory import fit_inventory
+from aicluster.planner.plan import make_plan, plan_to_dict
+from aicluster.planner.power_cost import nodes_per_rack
+from aicluster.planner.spec import load_plan_spec, load_plan_spec_text
 
 ROOT = Path(__file__).parents[2]
 
@@ -39,7 +40,7 @@ CAT = load_catalog()
 
 
 def plan_dict(text: str) -> dict:
-    return plan_to_dict(make_plan(resolve(load_spec_text(text), CAT)))
+    return plan_to_dict(make_plan(resolve(load_plan_spec_text(text), CAT)))
 
 
 def test_node_packing_and_fabric():
@@ -108,7 +109,7 @@ serve:
 
 
 def test_cluster_mode_places_replicas_on_real_inventory():
-    inputs = resolve(load_spec(ROOT / "examples/plan-serve-8b-70b.yaml"), CAT)
+    inputs = resolve(load_plan_spec(ROOT / "examples/plan-serve-8b-70b.yaml"), CAT)
     nodes = [
         {"node_id": "a", "name": "gpu-a", "alive": True, "gpus": 8, "gpu_model": "NVIDIA H100 80GB HBM3",
          "allocated": {"gpus": 2}, "pool": "serve"},
@@ -132,7 +133,7 @@ def test_cluster_mode_places_replicas_on_real_inventory():
 
 def test_reports_have_tables_and_svg_charts():
     d = plan_to_dict(
-        make_plan(resolve(load_spec(ROOT / "examples/plan-serve-8b-70b.yaml"), CAT))
+        make_plan(resolve(load_plan_spec(ROOT / "examples/plan-serve-8b-70b.yaml"), CAT))
     )
     md = plan_report.markdown(d)
     assert "| workload |" in md and "<svg" in md and "## Pitfalls" in md

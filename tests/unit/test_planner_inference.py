@@ -6,16 +6,16 @@ from dataclasses import replace
 
 import pytest
 
-from aicluster.catalog import load_catalog
-from aicluster.core.planner.assumptions import Assumptions
-from aicluster.core.planner.inference import (
+from aicluster.planner.assumptions import Assumptions
+from aicluster.planner.catalog import load_catalog
+from aicluster.planner.inference import (
     ServeRequest,
     decode_step_s,
     evaluate,
     plan_serving,
     weights_read_per_step,
 )
-from aicluster.core.planner.memory import weight_bytes
+from aicluster.planner.memory import weight_bytes
 
 CAT = load_catalog()
 A = Assumptions()

@@ -9,8 +9,8 @@ import io
 import psutil
 import pytest
 
-from aicluster.core.planner.hardware import ModelShape
-from aicluster.core.planner.memory import kv_bytes_per_token, param_counts, weight_bytes
+from aicluster.planner.hardware import ModelShape
+from aicluster.planner.memory import kv_bytes_per_token, param_counts, weight_bytes
 
 torch = pytest.importorskip("torch")
 nn = torch.nn

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from aicluster.catalog import load_catalog
-from aicluster.core.planner.memory import (
+from aicluster.planner.catalog import load_catalog
+from aicluster.planner.memory import (
     activation_bytes,
     kv_bytes_per_token,
     lora_params,

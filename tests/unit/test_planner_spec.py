@@ -6,11 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from aicluster.catalog import load_catalog
 from aicluster.cli.plan_cmds import load_plan
-from aicluster.core.planner.inputs import PlanInputError, resolve
-from aicluster.spec import SpecError, load_spec, load_spec_text
-from aicluster.spec.plan import PlanSpec, parse_count
+from aicluster.planner.catalog import load_catalog
+from aicluster.planner.inputs import PlanInputError, resolve
+from aicluster.planner.spec import (
+    PlanSpec,
+    load_plan_spec,
+    load_plan_spec_text,
+    parse_count,
+)
+from aicluster.spec import SpecError
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("plan-*.yaml"))
 
@@ -25,20 +30,20 @@ serve:
 
 def issues(text: str):
     with pytest.raises(SpecError) as info:
-        load_spec_text(text)
+        load_plan_spec_text(text)
     return info.value.issues
 
 
 def test_examples_load_and_resolve():
     assert len(EXAMPLES) >= 3
     for path in EXAMPLES:
-        spec = load_spec(path)
+        spec = load_plan_spec(path)
         assert isinstance(spec, PlanSpec)
         resolve(spec, load_catalog())
 
 
 def test_minimal_plan_gets_defaults():
-    spec = load_spec_text(MINIMAL)
+    spec = load_plan_spec_text(MINIMAL)
     assert isinstance(spec, PlanSpec)
     assert spec.hardware.node == "dgx-h100" and spec.serve[0].precision == "bf16"
 
@@ -113,7 +118,7 @@ def test_unknown_catalog_names_are_named_with_their_line(tmp_path):
 def test_incomplete_new_model_names_the_missing_field(tmp_path):
     text = MINIMAL.replace("llama-3-8b", "mine") + "models:\n  mine:\n    layers: 4\n"
     with pytest.raises(PlanInputError) as info:
-        resolve(load_spec_text(text), load_catalog())
+        resolve(load_plan_spec_text(text), load_catalog())
     field, message = info.value.issues[0]
     assert field.startswith("models.mine.") and message == "missing"
 
@@ -129,7 +134,7 @@ serve:
   - name: tiny
     architecture: {layers: 2, hidden_size: 256, attention_heads: 4, kv_heads: 2, vocab_size: 1000}
 """
-    inputs = resolve(load_spec_text(text), load_catalog())
+    inputs = resolve(load_plan_spec_text(text), load_catalog())
     assert inputs.serve[0].gpu.price_usd == 1
     assert inputs.serve[0].gpu.sources["override"]
     assert inputs.serve[0].model.n_kv_heads == 2

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from aicluster.catalog import load_catalog
-from aicluster.core.planner.assumptions import Assumptions
-from aicluster.core.planner.network import gradient_sync, ring_allreduce_bytes
-from aicluster.core.planner.training import (
+from aicluster.planner.assumptions import Assumptions
+from aicluster.planner.catalog import load_catalog
+from aicluster.planner.network import gradient_sync, ring_allreduce_bytes
+from aicluster.planner.training import (
     TrainRequest,
     choose_layout,
     plan_training,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aicluster.cli.sdk import Client, WorkdirError, pack_workdir
+from aicluster.client.api import Client, WorkdirError, pack_workdir
 from aicluster.runtime.worker import extract_workdir
 from aicluster.spec import SpecError
 

@@ -12,7 +12,13 @@ from aicluster.api.bodies import NodeActionBody, QuotaBody, SubmitBody, TeamBody
 from aicluster.api.errors import BODY, error, install_error_handlers, responses
 from aicluster.api.limits import BodyLimitMiddleware
 from aicluster.api.strict_json import StrictJSONRoute, finite
-from aicluster.control.service import BadRequest, ForbiddenError, NotFoundError, Services
+from aicluster.control.service import (
+    AmbiguousJobName,
+    BadRequest,
+    ForbiddenError,
+    NotFoundError,
+    Services,
+)
 from aicluster.control.snapshot import allocations, job_workload
 from aicluster.core.lifecycle import JobStatus
 from aicluster.core.model import Quota, Res
@@ -43,7 +49,12 @@ AUTHED = (401,)
 SCOPED = (401, 404)  # an object of another team is "not found"
 WRITE = (401, 403)  # viewers change nothing
 ADMIN = (401, 403)  # admins only
-JobId = Path(max_length=128, description="a job id")
+SCOPED_JOB = (*SCOPED, 409)  # a job's name an admin uses may match jobs of several teams
+JobId = Path(
+    max_length=128,
+    description="a job id; or a job name: the newest job of that name in the caller's team "
+    "(for an admin, in any team: 409 when those are in several teams); or TEAM:NAME",
+)
 TeamName = Path(pattern=NAME_PATTERN, max_length=63, description="a team")
 PoolName = Path(pattern=NAME_PATTERN, max_length=63, description="a pool")
 
@@ -68,6 +79,11 @@ def create_app(services: Services, routers=()) -> FastAPI:
                 "a job's token may only read its team's artifacts and write its own checkpoints"
             )
         return who
+
+    @app.exception_handler(AmbiguousJobName)
+    async def _ambiguous(_req: Request, exc: AmbiguousJobName):
+        candidates = [{"id": j.id, "team": j.team} for j in exc.candidates]
+        return _error(409, str(exc), field="job_id", candidates=candidates)
 
     @app.exception_handler(_Unauthorized)
     async def _unauth(_req: Request, _exc: _Unauthorized):
@@ -95,16 +111,16 @@ def create_app(services: Services, routers=()) -> FastAPI:
     ):
         return {"jobs": [job_json(j) for j in services.list_jobs(who, status, team)]}
 
-    @app.get("/v1/jobs/{job_id}", responses=responses(*SCOPED, 422))
+    @app.get("/v1/jobs/{job_id}", responses=responses(*SCOPED_JOB, 422))
     def get_job(job_id: str = JobId, who: Principal = Depends(principal)):
         job = services.get_job(who, job_id)
         return job_json(job, services.store.list_events(object_id=job.id))
 
-    @app.post("/v1/jobs/{job_id}/cancel", responses=responses(*SCOPED, *WRITE, 422))
+    @app.post("/v1/jobs/{job_id}/cancel", responses=responses(*SCOPED_JOB, *WRITE, 422))
     def cancel(job_id: str = JobId, who: Principal = Depends(principal)):
         return job_json(services.cancel(who, job_id))
 
-    @app.get("/v1/jobs/{job_id}/logs", responses=responses(*SCOPED, 400, 422))
+    @app.get("/v1/jobs/{job_id}/logs", responses=responses(*SCOPED_JOB, 400, 422))
     def logs(
         job_id: str = JobId,
         rank: int = Query(default=0, ge=0, le=INT64_MAX),

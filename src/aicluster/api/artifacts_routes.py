@@ -28,18 +28,17 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.concurrency import run_in_threadpool
 
 from aicluster.api.errors import ErrorBody
+from aicluster.artifacts.manifest import MAX_FILES, MAX_SIZE, ManifestError
+from aicluster.artifacts.names import RefError
 from aicluster.control.artifacts import MAX_JOB_ID, ArtifactService
 from aicluster.control.service import BadRequest
 from aicluster.store.artifacts import (
     ArtifactRecord,
     BlobCorrupt,
-    ManifestError,
-    RefError,
+    MissingBlobs,
     StorageError,
     VersionRecord,
 )
-from aicluster.store.artifacts.manifest import MAX_FILES, MAX_SIZE
-from aicluster.store.artifacts.repository import MissingBlobs
 
 WRITE_BATCH = 4 << 20
 

@@ -42,7 +42,8 @@ DESCRIPTIONS = {
     401: "Missing or invalid API token",
     403: "The token's role may not do this",
     404: "No such object, or one of another team",
-    409: "Conflicts with an existing object",
+    409: "Conflicts with an existing object, or a name matches more than one (a job name "
+    "an admin uses, of several teams: use the id or TEAM:NAME)",
     413: "Request body larger than this route accepts",
     422: "Invalid input; `field` and `issues` name the fields",
     503: "A backing service is unavailable",

@@ -1,1 +1,1 @@
-"""The `aicluster` command and the Python SDK it uses."""
+"""The `aicluster` command (typer + rich), on top of the SDK in `aicluster.client`."""

@@ -1,6 +1,6 @@
 """`aicluster artifacts ...`: push, pull, ls, describe, tag, rm, share, gc.
 
-Invariants (as for every command, see jobs_cmds): `--url`/`--token` or the
+Invariants (as for every command, see cli.common): `--url`/`--token` or the
 client config; a user mistake prints one red line naming the argument and exits
 1, never a traceback; `-o json` prints JSON alone on stdout. Progress bars go to
 stderr and only when it is a terminal (or `--progress` forces them).
@@ -23,19 +23,19 @@ from rich.progress import (
     TransferSpeedColumn,
 )  # fmt: skip
 
-from aicluster.cli import artifacts_sdk as sdk
+from aicluster.artifacts.manifest import ManifestError, list_folder
+from aicluster.artifacts.names import KINDS
 from aicluster.cli import output as out
-from aicluster.cli.jobs_cmds import (
+from aicluster.cli.common import (
     OutputFormat,
     OutputOpt,
     TokenOpt,
     UrlOpt,
-    _client,
     cli_errors,
+    make_client,
 )
-from aicluster.cli.sdk import ApiError
-from aicluster.store.artifacts.manifest import ManifestError, list_folder
-from aicluster.store.artifacts.names import KINDS
+from aicluster.client import artifacts as sdk
+from aicluster.client.api import ApiError
 
 NameArg = Annotated[
     str, typer.Argument(help="team/name:version or :tag (team, version optional)", show_default=False)
@@ -88,7 +88,7 @@ def push(
     token: TokenOpt = None,
 ) -> None:
     """Upload PATH as a new version of NAME (only blobs the server lacks are sent)."""
-    with cli_errors(), _client(url, token) as c, _bars(progress) as bars:
+    with cli_errors(), make_client(url, token) as c, _bars(progress) as bars:
         try:
             total = sum(p.stat().st_size for _, p in list_folder(path))
         except (ManifestError, OSError) as exc:
@@ -124,7 +124,7 @@ def pull(
     token: TokenOpt = None,
 ) -> None:
     """Download a version (default: latest) into DEST, checking every file's sha256."""
-    with cli_errors(), _client(url, token) as c, _bars(progress) as bars:
+    with cli_errors(), make_client(url, token) as c, _bars(progress) as bars:
         ref = sdk.resolve_ref(c, name)
         dest = dest or Path(ref.name)
         blob_cache = None
@@ -164,7 +164,7 @@ def ls(
     token: TokenOpt = None,
 ) -> None:
     """List the artifacts you can read (your team's and those shared with it)."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         arts = sdk.list_artifacts(c, team)
     if output == OutputFormat.json:
         out.print_json(arts)
@@ -189,7 +189,7 @@ def describe(
     name: NameArg, output: OutputOpt = OutputFormat.table, url: UrlOpt = None, token: TokenOpt = None
 ) -> None:
     """An artifact and its versions, or with :VERSION one version and its files."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         d = sdk.describe(c, name)
     if output == OutputFormat.json:
         out.print_json(d)
@@ -214,7 +214,7 @@ def tag(
     token: TokenOpt = None,
 ) -> None:
     """Point TAG at NAME's version (default latest), or --remove it."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         if remove:
             sdk.untag(c, name, tag_name)
             typer.echo(f"removed tag {tag_name}")
@@ -225,7 +225,7 @@ def tag(
 
 def rm(name: NameArg, url: UrlOpt = None, token: TokenOpt = None) -> None:
     """Delete one version (NAME:VERSION or NAME:TAG); unreferenced blobs are collected."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         v = sdk.delete(c, name)
     typer.echo(f"deleted {v['ref']}")
 
@@ -238,14 +238,14 @@ def share(
     token: TokenOpt = None,
 ) -> None:
     """Let TEAM read NAME (every version), or --remove that."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         a = sdk.share(c, name, team, shared=not remove)
     typer.echo(f"{a['team']}/{a['name']} shared with: {', '.join(a['shared_with']) or 'nobody'}")
 
 
 def gc(url: UrlOpt = None, token: TokenOpt = None) -> None:
     """Delete blobs no version references (admin)."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         r = sdk.gc(c)
     typer.echo(f"deleted {r['deleted']} blob(s), freed {out.fmt_bytes(r['freed_bytes'])}")
 

@@ -1,22 +1,15 @@
 """CLI commands for jobs, nodes, events, teams and tokens: `register(app)` adds them.
 
-Invariants:
-- Every command accepts `--url` and `--token`; when omitted they come from
-  `load_client_config` (environment, then files under AICLUSTER_HOME).
-- A user mistake never shows a traceback: ApiError and SpecError are printed to
-  stderr in red, one line per issue, and the exit code is 2 for a bad spec
-  (a local SpecError or a 422 answer carrying spec issues) and 1 otherwise.
-  A 404 for a named job prints "job X not found". Ctrl-C exits 130.
-- Machine-readable output (`-o json`, `tokens create`) goes to stdout alone;
-  notes meant for a human reading a terminal go to stderr.
+Invariants: the options, the client config and the error handling of
+`aicluster.cli.common` (no traceback for a user mistake; exit 2 for a bad spec,
+1 otherwise, 130 for Ctrl-C). Machine-readable output (`-o json`, `tokens create`)
+goes to stdout alone; notes meant for a human reading a terminal go to stderr.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -25,16 +18,18 @@ import typer
 from rich.text import Text
 
 from aicluster.cli import output as out
-from aicluster.cli.config import load_client_config
-from aicluster.cli.sdk import TERMINAL, ApiError, Client
-from aicluster.spec import SpecError
+from aicluster.cli import queue_cmds
+from aicluster.cli.common import (
+    OutputFormat,
+    OutputOpt,
+    TokenOpt,
+    UrlOpt,
+    cli_errors,
+    make_client,
+)
+from aicluster.client.api import TERMINAL, ApiError, Client
 
 STATUSES = ("PENDING", "ADMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
-
-
-class OutputFormat(str, Enum):
-    table = "table"
-    json = "json"
 
 
 class Role(str, Enum):
@@ -43,17 +38,8 @@ class Role(str, Enum):
     viewer = "viewer"
 
 
-_URL_HELP = "API URL (default: AICLUSTER_URL, else the one `aicluster up` wrote)"
-_TOKEN_HELP = "API token (default: AICLUSTER_TOKEN, else admin.token)"
-UrlOpt = Annotated[Optional[str], typer.Option("--url", help=_URL_HELP)]
-TokenOpt = Annotated[Optional[str], typer.Option("--token", help=_TOKEN_HELP)]
-OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="table or json")]
-JobArg = Annotated[str, typer.Argument(help="job id", show_default=False)]
-
-
-def _client(url: str | None, token: str | None) -> Client:
-    cfg = load_client_config(url, token)
-    return Client(cfg.url, cfg.token)
+_JOB_HELP = "job id, or job name (the newest job of that name), or TEAM:NAME"
+JobArg = Annotated[str, typer.Argument(help=_JOB_HELP, show_default=False)]
 
 
 def _service_or_none(c: Client, name: str) -> dict | None:
@@ -61,28 +47,6 @@ def _service_or_none(c: Client, name: str) -> dict | None:
         return c.service(name)
     except ApiError:
         return None
-
-
-@contextmanager
-def cli_errors(job_id: str | None = None) -> Iterator[None]:
-    """Turn ApiError/SpecError/Ctrl-C into a red message and an exit code."""
-    try:
-        yield
-    except SpecError as err:
-        out.print_error(str(err))
-        raise typer.Exit(2) from None
-    except ApiError as err:
-        msg = err.message.lower()
-        if job_id and err.status_code == 404 and "rank" not in msg and "attempt" not in msg:
-            out.print_error(f"job {job_id} not found")
-            raise typer.Exit(1) from None
-        lines = [f"error: {err.message}"] + [out.issue_line(i) for i in err.issues]
-        if err.status_code == 401:
-            lines.append("  (pass --token or set AICLUSTER_TOKEN)")
-        out.print_error("\n".join(lines))
-        raise typer.Exit(2 if err.status_code == 422 and err.issues else 1) from None
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
 
 
 # --- jobs ------------------------------------------------------------------------
@@ -95,7 +59,7 @@ def submit(
     token: TokenOpt = None,
 ) -> None:
     """Submit a job spec; with -f, stream its logs and exit 1 unless it SUCCEEDED."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         job = c.submit_file(file)
         typer.echo(f"submitted {job['id']}")
         if not follow:
@@ -138,7 +102,7 @@ def jobs(
     if bad:
         hint = f"unknown status {bad[0]}; use {', '.join(STATUSES)}"
         raise typer.BadParameter(hint, param_hint="--status")
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         rows = c.jobs(status=None if all_ else wanted or None, team=team)
     if output == OutputFormat.json:
         out.print_json(rows)
@@ -153,7 +117,7 @@ def describe(
     token: TokenOpt = None,
 ) -> None:
     """Show a job (spec, status, placement by rank, events) or a service (replicas)."""
-    with cli_errors(job_id), _client(url, token) as c:
+    with cli_errors(job_id), make_client(url, token) as c:
         try:
             job = c.job(job_id)
         except ApiError as err:
@@ -219,7 +183,7 @@ def logs(
     token: TokenOpt = None,
 ) -> None:
     """Print a worker's log (raw bytes) of the latest or a given attempt."""
-    with cli_errors(job_id), _client(url, token) as c:
+    with cli_errors(job_id), make_client(url, token) as c:
         if follow:
             for chunk in c.follow_logs(job_id, rank=rank, attempt=attempt):
                 out.write_bytes(chunk)
@@ -235,7 +199,7 @@ def logs(
 
 def cancel(job_id: JobArg, url: UrlOpt = None, token: TokenOpt = None) -> None:
     """Cancel a job (pending or running)."""
-    with cli_errors(job_id), _client(url, token) as c:
+    with cli_errors(job_id), make_client(url, token) as c:
         job = c.cancel(job_id)
     status = job.get("status")
     if status == "CANCELLED":
@@ -271,7 +235,7 @@ def nodes(
     output: OutputOpt = OutputFormat.table, url: UrlOpt = None, token: TokenOpt = None
 ) -> None:
     """List the cluster's nodes with used/total resources."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         rows = c.nodes()
     if output == OutputFormat.json:
         out.print_json(rows)
@@ -307,7 +271,7 @@ def events(
     token: TokenOpt = None,
 ) -> None:
     """Show the event log; with --follow, poll for new events until Ctrl-C."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         evs = c.events(after=0, object_id=object_id)
         if not follow:
             if output == OutputFormat.json:
@@ -348,7 +312,7 @@ def team_create(
     token: TokenOpt = None,
 ) -> None:
     """Create a team (admin)."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         team = c.create_team(name)
     typer.echo(f"created team {team.get('name', name)}")
 
@@ -357,7 +321,7 @@ def team_list(
     output: OutputOpt = OutputFormat.table, url: UrlOpt = None, token: TokenOpt = None
 ) -> None:
     """List teams."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         names = c.teams()
     if output == OutputFormat.json:
         out.print_json(names)
@@ -373,7 +337,7 @@ def token_create(
     token: TokenOpt = None,
 ) -> None:
     """Create an API token (admin). The token is printed once, on stdout alone."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         made = c.create_token(user, team=team, role=role.value)
     typer.echo(made["token"])
     who = f"user {made.get('user', user)}, team {made.get('team') or '-'}"
@@ -393,8 +357,6 @@ def register(app: typer.Typer) -> None:
     teams_app = typer.Typer(help="Create and list teams.", no_args_is_help=True)
     teams_app.command("create")(team_create)
     teams_app.command("list")(team_list)
-    from aicluster.cli import queue_cmds
-
     queue_cmds.register(app, teams_app)
     app.add_typer(teams_app, name="teams")
     tokens_app = typer.Typer(help="Create API tokens.", no_args_is_help=True)

@@ -7,14 +7,14 @@ from typing import Annotated
 import typer
 
 from aicluster.cli import output as out
-from aicluster.cli.jobs_cmds import TokenOpt, UrlOpt, _client, cli_errors
-from aicluster.cli.sdk import node_action
+from aicluster.cli.common import TokenOpt, UrlOpt, cli_errors, make_client
+from aicluster.client.api import node_action
 
 NodeArg = Annotated[str, typer.Argument(help="node id (a unique prefix will do) or name")]
 
 
 def _act(node: str, action: str, url, token, grace_s: float | None = None) -> None:
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         rec = node_action(c, node, action, grace_s)
     out.console().print(f"node {rec['node_id'][:12]} is {rec['state']}"
                         + (f" ({rec['reason']})" if rec.get("reason") else ""))  # fmt: skip

@@ -1,8 +1,8 @@
 """`aicluster plan FILE`: size a cluster from a `kind: plan` spec; `register(app)` adds it.
 
 Invariants:
-- The arithmetic is `aicluster.core.planner`; this module reads files, talks to the API
-  (only with --cluster) and prints.
+- The planner (spec, catalog, arithmetic, reports) is `aicluster.planner`; this module
+  reads files, talks to the API (only with --cluster) and prints.
 - A bad spec (shape, unknown catalog name, incomplete override) prints every issue with
   its field and line in red on stderr and exits 2; a failed API call exits 1.
 - `-o json` prints the plan dict alone on stdout; `--report PATH` writes Markdown, or HTML
@@ -22,18 +22,18 @@ import yaml
 from rich.table import Table
 from rich.text import Text
 
-from aicluster.catalog import load_catalog
 from aicluster.cli import output as out
-from aicluster.cli import plan_report as rep
 from aicluster.cli.config import load_client_config
-from aicluster.cli.sdk import ApiError, Client
-from aicluster.core.planner.inputs import PlanInputError, resolve
-from aicluster.core.planner.inventory import fit_inventory
-from aicluster.core.planner.plan import make_plan, plan_to_dict
-from aicluster.spec import SpecError, load_spec
+from aicluster.client import ApiError, Client
+from aicluster.planner import report as rep
+from aicluster.planner.catalog import load_catalog
+from aicluster.planner.inputs import PlanInputError, resolve
+from aicluster.planner.inventory import fit_inventory
+from aicluster.planner.plan import make_plan, plan_to_dict
+from aicluster.planner.spec import PlanSpec, load_plan_spec
+from aicluster.spec import SpecError
 from aicluster.spec.errors import SpecIssue
 from aicluster.spec.loader import _line_of, _lines
-from aicluster.spec.plan import PlanSpec
 
 SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "dim"}
 
@@ -77,11 +77,7 @@ def _lines_of(path: Path) -> dict:
 
 def load_plan(path: Path) -> tuple[PlanSpec, object]:
     """The spec and its resolved inputs; SpecError for anything wrong in the file."""
-    spec = load_spec(path)
-    if not isinstance(spec, PlanSpec):
-        raise SpecError(
-            str(path), [SpecIssue("kind", f"expected kind: plan, got {spec.kind}", 1)]
-        )
+    spec = load_plan_spec(path)  # a job file: "kind: unknown kind; expected one of: plan"
     try:
         return spec, resolve(spec, load_catalog())
     except PlanInputError as err:

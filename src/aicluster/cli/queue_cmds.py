@@ -7,14 +7,14 @@ from typing import Annotated, Optional
 import typer
 
 from aicluster.cli import output as out
-from aicluster.cli.jobs_cmds import OutputFormat, OutputOpt, TokenOpt, UrlOpt, _client, cli_errors
+from aicluster.cli.common import OutputFormat, OutputOpt, TokenOpt, UrlOpt, cli_errors, make_client
 
 
 def queue(output: OutputOpt = OutputFormat.table, url: UrlOpt = None,
           token: TokenOpt = None) -> None:  # fmt: skip
     """Pending workloads in the order the scheduler considers them, and why each waits."""
-    with cli_errors(), _client(url, token) as c:
-        rows = c._json("GET", "/v1/queue")["queue"]
+    with cli_errors(), make_client(url, token) as c:
+        rows = c.queue()
     if output == OutputFormat.json:
         out.print_json(rows)
         return
@@ -39,8 +39,8 @@ def set_quota(
 ) -> None:  # fmt: skip
     """Set a team's quota in a pool (admins)."""
     body = {"gpus": gpus, "borrow_gpus": borrow, "lend_gpus": lend, "weight": weight}
-    with cli_errors(), _client(url, token) as c:
-        q = c._json("PUT", f"/v1/teams/{team}/quotas/{pool}", json=body)
+    with cli_errors(), make_client(url, token) as c:
+        q = c.set_quota(team, pool, body)
     out.console().print(
         f"{q['team']} in pool {q['pool']}: {q['gpus']} GPUs guaranteed, borrow "
         f"{'any' if q['borrow_gpus'] is None else q['borrow_gpus']}, lend "
@@ -51,8 +51,8 @@ def set_quota(
 def quotas(output: OutputOpt = OutputFormat.table, url: UrlOpt = None,
            token: TokenOpt = None) -> None:  # fmt: skip
     """List team quotas."""
-    with cli_errors(), _client(url, token) as c:
-        rows = c._json("GET", "/v1/quotas")["quotas"]
+    with cli_errors(), make_client(url, token) as c:
+        rows = c.quotas()
     if output == OutputFormat.json:
         out.print_json(rows)
         return

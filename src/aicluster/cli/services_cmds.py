@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from aicluster.cli import output as out
-from aicluster.cli.jobs_cmds import OutputFormat, OutputOpt, TokenOpt, UrlOpt, _client, cli_errors
+from aicluster.cli.common import OutputFormat, OutputOpt, TokenOpt, UrlOpt, cli_errors, make_client
 
 TeamOpt = Annotated[Optional[str], typer.Option("--team", help="team of the service (admins)")]
 
@@ -19,7 +19,7 @@ def deploy(
     token: TokenOpt = None,
 ) -> None:
     """Deploy a service; its replicas start as the scheduler places them."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         svc = c.deploy_file(file)
     out.console().print(f"deployed {svc['team']}/{svc['name']} ({svc['engine']}, "
                         f"{svc['replicas_min']}..{svc['replicas_max']} replicas)")  # fmt: skip
@@ -28,7 +28,7 @@ def deploy(
 def services(output: OutputOpt = OutputFormat.table, url: UrlOpt = None,
              token: TokenOpt = None) -> None:  # fmt: skip
     """List services with their ready replicas and load."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         rows = c.services()
     if output == OutputFormat.json:
         out.print_json(rows)
@@ -62,7 +62,7 @@ def scale(
     team: TeamOpt = None, url: UrlOpt = None, token: TokenOpt = None,
 ) -> None:  # fmt: skip
     """Pin a service's replica count (overrides autoscaling)."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         svc = c.scale(name, replicas, team)
     out.console().print(f"{svc['team']}/{svc['name']} scaled to {replicas}")
 
@@ -72,7 +72,7 @@ def delete(
     team: TeamOpt = None, url: UrlOpt = None, token: TokenOpt = None,
 ) -> None:  # fmt: skip
     """Delete a service and stop its replicas."""
-    with cli_errors(), _client(url, token) as c:
+    with cli_errors(), make_client(url, token) as c:
         svc = c.delete_service(name, team)
     out.console().print(f"deleting {svc['team']}/{svc['name']}")
 

@@ -20,20 +20,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator
 
+from aicluster.artifacts.manifest import Manifest, ManifestError, is_digest
+from aicluster.artifacts.names import ArtifactRef, RefError, check_tag, check_team, parse_ref
 from aicluster.control.service import BadRequest, ForbiddenError, NotFoundError
-from aicluster.store.artifacts import (
-    ArtifactRecord,
-    ArtifactRef,
-    ArtifactStore,
-    Manifest,
-    ManifestError,
-    RefError,
-    VersionRecord,
-    parse_ref,
-)  # fmt: skip
+from aicluster.store.artifacts import ArtifactRecord, ArtifactStore, VersionRecord
 from aicluster.store.artifacts.index import UploadRecord
-from aicluster.store.artifacts.manifest import is_digest
-from aicluster.store.artifacts.names import check_tag, check_team
 from aicluster.store.db import Principal
 
 

@@ -232,7 +232,7 @@ class Controller:
         """Push rank 0's outputs as new artifact versions: the control plane opens the
         upload, rank 0's node writes the blobs storage lacks, the control plane commits."""
         from aicluster.store.artifacts.backend import load_storage_config
-        from aicluster.store.artifacts.names import parse_ref
+        from aicluster.artifacts.names import parse_ref
 
         outputs = job.spec.get("outputs") or []
         if not outputs:
@@ -400,10 +400,14 @@ class Controller:
         revoke the tokens of jobs that ended."""
         self.store.revoke_tokens_of_finished_jobs()
         for job_id, attempt in self.engine.running_gangs():
-            if job_id in self.launching or any(src.owns(job_id) for src in self.sources):
+            fut = self.launching.get(job_id)
+            in_flight = fut is not None and not fut.done()
+            if in_flight or any(src.owns(job_id) for src in self.sources):
                 continue
             job = self.store.get_job(job_id)
             if job is None or job.status not in ACTIVE or job.attempt != attempt:
+                if job is None or job.status not in ACTIVE:  # its launch outlived it
+                    self.launching.pop(job_id, None)
                 workers = len(job.placement or []) if job and job.placement else 0
                 self.engine.stop(job_id, attempt, max(workers, _spec_workers(job)))
 

@@ -27,8 +27,7 @@ from aicluster.spec.workdir import WorkdirInvalid, check_workdir_archive
 from aicluster.store.db import JobRecord, Principal, Store
 
 # Where each other kind of spec goes instead of /v1/jobs.
-_OTHER_KINDS = {"service": "deploy it with POST /v1/services (aicluster deploy)",
-                "plan": "plans are not submitted: run `aicluster plan FILE`"}  # fmt: skip
+_OTHER_KINDS = {"service": "deploy it with POST /v1/services (aicluster deploy)"}
 
 
 class NotFoundError(Exception):
@@ -37,6 +36,19 @@ class NotFoundError(Exception):
 
 class ForbiddenError(Exception):
     pass
+
+
+class AmbiguousJobName(Exception):
+    """A job name an admin used matches the newest jobs of more than one team."""
+
+    def __init__(self, name: str, candidates: list[JobRecord]):
+        self.name = name
+        self.candidates = candidates
+        listed = ", ".join(f"{j.id} (team {j.team})" for j in candidates)
+        super().__init__(
+            f"job name {name!r} is ambiguous: the newest jobs of that name are {listed}; "
+            f"use the job id or TEAM:NAME (e.g. {candidates[0].team}:{name})"
+        )
 
 
 class BadRequest(Exception):
@@ -160,7 +172,7 @@ class Services:
         """Inputs must be readable by the submitter, outputs must belong to the job's team."""
         if not spec.inputs and not spec.outputs:
             return
-        from aicluster.store.artifacts.names import parse_ref
+        from aicluster.artifacts.names import parse_ref
 
         issues = []
         for i, inp in enumerate(spec.inputs):
@@ -195,10 +207,31 @@ class Services:
         return self.store.list_jobs(team=team, statuses=sts)
 
     def get_job(self, who: Principal, job_id: str) -> JobRecord:
+        """A job by its id or, when no job the caller may see has that id, by its name:
+        `NAME` is the newest job of that name in the caller's team (an admin's: in any
+        team, AmbiguousJobName when the newest ones are in several), `TEAM:NAME` the newest
+        in TEAM. A name never reaches another team's job for a member (not found)."""
         job = self.store.get_job(job_id)
-        if job is None or not (who.is_admin or job.team == who.team):
+        if job is not None and (who.is_admin or job.team == who.team):
+            return job
+        job = self._job_by_name(who, job_id)
+        if job is None:
             raise NotFoundError(f"job {job_id} not found")
         return job
+
+    def _job_by_name(self, who: Principal, ref: str) -> JobRecord | None:
+        head, colon, tail = ref.partition(":")  # names and ids never hold ':'
+        team, name = (head, tail) if colon else (None, ref)
+        if not who.is_admin:
+            if team not in (None, who.team) or not who.team:
+                return None  # another team's job is "not found", as by id
+            team = who.team
+        if not name or team == "":
+            return None
+        found = self.store.newest_jobs_named(name, team)
+        if len(found) > 1:
+            raise AmbiguousJobName(name, found)
+        return found[0] if found else None
 
     def cancel(self, who: Principal, job_id: str) -> JobRecord:
         job = self.get_job(who, job_id)
@@ -213,7 +246,7 @@ class Services:
                 if job.attempt > 0 and job.status != JobStatus.PENDING:
                     self._drain_and_stop(job)
                 return done
-            job = self.store.get_job(job_id)
+            job = self.store.get_job(job.id)
         return job
 
     def _drain_and_stop(self, job: JobRecord) -> None:

@@ -69,9 +69,12 @@ def served_model(spec: dict) -> str:
 class ServiceLoop:
     def __init__(
         self, services: ServiceStore, engine: Engine, logs: LogStore, table: EndpointTable,
-        clock=time.time, notify=lambda: None, artifacts=None, home=None,
+        clock=time.time, notify=lambda: None, artifacts=None, home=None, http_get=httpx.get,
     ):  # fmt: skip
+        """`http_get(url, timeout=, headers=)`: the readiness probe's HTTP call (httpx.get's
+        signature; it answers `.status_code` and `.text`, or raises httpx.HTTPError)."""
         self.services, self.engine, self.logs, self.table = services, engine, logs, table
+        self.http_get = http_get
         self.artifacts, self.home = artifacts, home  # for `model: artifact:NAME:VERSION`
         self.artifact_nodes: dict[str, set[str]] = {}  # the controller shares its map
         self.clock, self.notify = clock, notify
@@ -236,8 +239,8 @@ class ServiceLoop:
     def _probe(self, svc: ServiceRecord, rep: ReplicaRecord) -> ReplicaRecord | None:
         _cmd, path, contains = replica_command(svc.spec)
         try:
-            resp = httpx.get(rep.url + path, timeout=1.0,
-                             headers={SECRET_HEADER: self.secrets.secret(rep.id)})  # fmt: skip
+            resp = self.http_get(rep.url + path, timeout=1.0,
+                                 headers={SECRET_HEADER: self.secrets.secret(rep.id)})  # fmt: skip
             ok = resp.status_code == 200 and (contains is None or contains in resp.text)
         except httpx.HTTPError:
             ok = False
@@ -265,6 +268,8 @@ class ServiceLoop:
         return None
 
     def _stop(self, rep: ReplicaRecord, reason: RR) -> None:
+        # A launch still running is no longer ours: the gang it makes is garbage.
+        self.launching.pop(rep.id, None)
         if rep.status != RS.PENDING:
             self.engine.stop(gang_id(rep.id), 1, 1)
         self.services.transition(rep.id, rep.status, RS.STOPPED, reason)

@@ -57,12 +57,41 @@ class LaunchError(Exception):
 
 
 class Engine(Protocol):
-    def nodes(self) -> list[NodeInfo]: ...
+    """A gang is named by (job id, attempt); its ranks are 0..workers-1, rank i on
+    placement[i]. Every call is idempotent and safe to repeat after a control-plane
+    restart: stopping a gang that is gone does nothing, and a rank the engine cannot
+    find is reported `lost`, never an error."""
 
-    def launch(self, req: LaunchRequest) -> tuple[str, int]: ...
+    def nodes(self) -> list[NodeInfo]:
+        """Every node the engine knows, dead ones included (`alive` False)."""
+        ...
 
-    def status(self, job_id: str, attempt: int, offsets: list[int]) -> list[WorkerState]: ...
+    def launch(self, req: LaunchRequest) -> tuple[str, int]:
+        """Start one worker per placement entry; rank 0's address and a free port there.
+        Raises LaunchError, having removed whatever it created, when the gang cannot start."""
+        ...
 
-    def stop(self, job_id: str, attempt: int, workers: int) -> None: ...
+    def status(self, job_id: str, attempt: int, offsets: list[int]) -> list[WorkerState]:
+        """One state per rank (len(offsets) of them), each with its log from offsets[rank]."""
+        ...
 
-    def running_gangs(self) -> set[tuple[str, int]]: ...
+    def stop(self, job_id: str, attempt: int, workers: int) -> None:
+        """Kill ranks 0..workers-1 of the gang and free what it holds."""
+        ...
+
+    def running_gangs(self) -> set[tuple[str, int]]:
+        """(job id, attempt) of every gang that still holds a worker or resources."""
+        ...
+
+    def scan_output(self, job_id: str, attempt: int, path: str) -> list[dict]:
+        """The files under `path` (relative to rank 0's working directory) of a gang whose
+        workers exited, as entries {"path", "size", "sha256"}. Raises LaunchError when
+        rank 0 is gone."""
+        ...
+
+    def upload_output(self, job_id: str, attempt: int, path: str, digests: list[str],
+                      storage) -> int:  # fmt: skip
+        """From rank 0's node, write the blobs of `path` whose sha256 is in `digests` to
+        `storage` (a StorageConfig); the number of bytes written. Raises LaunchError
+        when rank 0 is gone."""
+        ...

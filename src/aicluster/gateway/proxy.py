@@ -293,6 +293,20 @@ async def _read_upstream(upstream: httpx.Response, limit: int) -> bytes:
     return b"".join(chunks)[:limit]
 
 
+class _ProxiedStream(StreamingResponse):
+    """Runs its background task (closing the upstream, counting the request finished)
+    however the stream ends: Starlette skips it when the body raises, as it does when
+    the replica breaks the stream after the first byte."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        background, self.background = self.background, None
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if background is not None:
+                await background()
+
+
 def _passthrough(upstream: httpx.Response, on_first: Callable[[], None],
                  on_done: Callable[[], None]) -> StreamingResponse:  # fmt: skip
     async def body():
@@ -309,8 +323,8 @@ def _passthrough(upstream: httpx.Response, on_first: Callable[[], None],
 
     keep = {k: v for k, v in upstream.headers.items()
             if k.lower() in ("content-type", "content-encoding", "cache-control", "x-request-id")}  # fmt: skip
-    return StreamingResponse(body(), status_code=upstream.status_code,
-                             headers=keep, background=BackgroundTask(close))  # fmt: skip
+    return _ProxiedStream(body(), status_code=upstream.status_code,
+                          headers=keep, background=BackgroundTask(close))  # fmt: skip
 
 
 __all__ = ["Gateway", "JSONResponse"]

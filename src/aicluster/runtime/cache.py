@@ -33,7 +33,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from aicluster.store.artifacts.manifest import Manifest, check_path
+from aicluster.artifacts.manifest import Manifest, check_path
 
 Fetch = Callable[[str], Iterable[bytes]]  # digest -> its bytes, in chunks
 Progress = Callable[[int], None]

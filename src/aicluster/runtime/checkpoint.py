@@ -15,7 +15,7 @@ materialises it through the node's blob cache. Outside a job (no AICLUSTER_TOKEN
 both fall back to the folder AICLUSTER_CHECKPOINT_DIR (or ./checkpoints).
 
 This module is client code that runs inside the user's job: it talks to the API
-through the SDK (the one place below `cli/` that does).
+through the SDK (`aicluster.client`), so neither the CLI nor the store is loaded.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def artifact_name(env=os.environ) -> str:
 
 
 def _client(env):
-    from aicluster.cli.sdk import Client
+    from aicluster.client.api import Client
 
     return Client(env["AICLUSTER_URL"], env["AICLUSTER_TOKEN"])
 
@@ -54,11 +54,11 @@ def save(path: str | Path, *, step: int | None = None, env=os.environ) -> str:
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
         return str(dest)
-    from aicluster.cli import artifacts_sdk
+    from aicluster.client import artifacts
 
     with _client(env) as c:
-        v = artifacts_sdk.push(c, path, artifact_name(env), "checkpoint", metadata=meta,
-                               producer_job=env.get("AICLUSTER_JOB_ID"))  # fmt: skip
+        v = artifacts.push(c, path, artifact_name(env), "checkpoint", metadata=meta,
+                           producer_job=env.get("AICLUSTER_JOB_ID"))  # fmt: skip
     return f"{v['team']}/{v['name']}:{v['version']}"
 
 
@@ -73,14 +73,14 @@ def latest(dest: str | Path | None = None, env=os.environ) -> Path | None:
         found = sorted((p for p in _local_dir(env).glob("ckpt-*") if not p.name.endswith(".partial")),
                        key=lambda p: p.stat().st_mtime)  # fmt: skip
         return found[-1] if found else None
-    from aicluster.cli import artifacts_sdk
-    from aicluster.cli.sdk import ApiError
+    from aicluster.client import artifacts
+    from aicluster.client.api import ApiError
     from aicluster.runtime.cache import BlobCache
     from aicluster.runtime.worker import node_cache_root
 
     with _client(env) as c:
         try:
-            v = artifacts_sdk.version(c, artifact_name(env) + ":latest")
+            v = artifacts.version(c, artifact_name(env) + ":latest")
         except ApiError as exc:
             if exc.status_code == 404:
                 return None
@@ -89,4 +89,4 @@ def latest(dest: str | Path | None = None, env=os.environ) -> Path | None:
         # named by content, so a folder left by another installation is never mistaken for it
         target = root / f"{v['team']}-{v['name']}-{v['version']}-{v['manifest_sha256'][:16]}"
         cache = BlobCache(node_cache_root(), int(env.get("AICLUSTER_CACHE_BYTES", 20 * 2**30)))
-        return artifacts_sdk.pull(c, f"{artifact_name(env)}:{v['version']}", target, cache=cache)[1]
+        return artifacts.pull(c, f"{artifact_name(env)}:{v['version']}", target, cache=cache)[1]

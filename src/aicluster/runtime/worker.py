@@ -151,7 +151,7 @@ class WorkerProcess:
     # -- outputs (rank 0, after the command exited 0) -----------------------------------
 
     def scan_output(self, path: str) -> list[dict]:
-        from aicluster.store.artifacts.manifest import scan_folder
+        from aicluster.artifacts.manifest import scan_folder
 
         target = self.dir / "workdir" / path
         if not target.exists():
@@ -161,7 +161,7 @@ class WorkerProcess:
     def upload_output(self, path: str, digests: list[str], storage) -> int:
         """Write the named blobs of the output to storage; returns the bytes written."""
         from aicluster.store.artifacts.backend import open_backend
-        from aicluster.store.artifacts.manifest import scan_folder
+        from aicluster.artifacts.manifest import scan_folder
 
         backend = open_backend(storage)
         want, written = set(digests), 0
@@ -189,7 +189,7 @@ def node_cache_root() -> Path:
 def materialise_input(item: dict, cwd: Path, storage) -> Path:
     from aicluster.runtime.cache import BlobCache
     from aicluster.store.artifacts.backend import open_backend
-    from aicluster.store.artifacts.manifest import Manifest
+    from aicluster.artifacts.manifest import Manifest
 
     manifest = Manifest.from_json(item["manifest"])
     cache = BlobCache(node_cache_root(), int(os.environ.get("AICLUSTER_CACHE_BYTES", 20 * 2**30)))

@@ -1,6 +1,11 @@
 """YAML to specs, with errors that name the field and its line in the file.
 
-Invariant: `load_spec*` either returns a valid spec or raises SpecError; it never
+`SpecLoader(*models)` loads the kinds it is given (each model has a `kind` literal);
+`load_spec*`, `validate_spec` and `spec_json_schema` are the platform's loader, for
+`kind: job` and `kind: service`. Other layers reuse `SpecLoader` for their own kinds
+(`aicluster.planner.spec` loads `kind: plan`), so `spec` imports nothing above it.
+
+Invariant: a loader either returns a valid spec or raises SpecError; it never
 returns a partially valid object and never raises anything else for bad input.
 """
 
@@ -11,16 +16,11 @@ from pathlib import Path
 from typing import Annotated, Any, Union
 
 import yaml
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from aicluster.spec.errors import SpecError, SpecIssue
 from aicluster.spec.job import JobSpec
-from aicluster.spec.plan import PlanSpec
 from aicluster.spec.service import ServiceSpec
-
-AnySpec = Annotated[Union[JobSpec, ServiceSpec, PlanSpec], Field(discriminator="kind")]
-_ADAPTER: TypeAdapter = TypeAdapter(AnySpec)
-KINDS = ("job", "service", "plan")
 
 
 def _lines(node: yaml.Node, path: tuple = ()) -> dict[tuple, int]:
@@ -51,59 +51,92 @@ def _line_of(lines: dict[tuple, int], loc: tuple) -> int | None:
 _TAG = re.compile(r"^(str|int|float|bool|list\[.*\]|dict\[.*\]|function-.*|constrained-.*)$")
 
 
-def _is_tag(part) -> bool:
+def _is_tag(part, kinds: tuple[str, ...]) -> bool:
     """pydantic puts union members ("job", "str", "list[str]") into error locations."""
-    return isinstance(part, str) and (part in KINDS or bool(_TAG.match(part)))
+    return isinstance(part, str) and (part in kinds or bool(_TAG.match(part)))
 
 
-def _issue_from(err: dict, lines: dict[tuple, int]) -> SpecIssue:
-    loc = tuple(p for p in err["loc"] if not _is_tag(p))
+def _issue_from(err: dict, lines: dict[tuple, int], kinds: tuple[str, ...]) -> SpecIssue:
+    loc = tuple(p for p in err["loc"] if not _is_tag(p, kinds))
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
         msg = "unknown field"
-    elif err["type"] == "union_tag_invalid":
-        msg = f"unknown kind; expected one of: {', '.join(KINDS)}"
-        loc = ("kind",)
-    elif err["type"] == "union_tag_not_found":
-        msg = f"missing; expected one of: {', '.join(KINDS)}"
-        loc = ("kind",)
     field = ".".join(str(p) for p in loc) or "(document)"
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     return SpecIssue(field=field, message=msg, line=_line_of(lines, loc))
 
 
+class SpecLoader:
+    """Loads the spec kinds it is given: YAML text, files or parsed documents."""
+
+    def __init__(self, *models: type[BaseModel]):
+        self.kinds: tuple[str, ...] = tuple(m.model_fields["kind"].default for m in models)
+        union = Union[models] if len(models) > 1 else models[0]  # noqa: UP007 (runtime tuple)
+        target = Annotated[union, Field(discriminator="kind")] if len(models) > 1 else union
+        self._adapter: TypeAdapter = TypeAdapter(target)
+
+    def _kind_issue(self, data: dict, lines: dict[tuple, int]) -> SpecIssue | None:
+        expected = f"expected one of: {', '.join(self.kinds)}"
+        if "kind" not in data:
+            return SpecIssue("kind", f"missing; {expected}", _line_of(lines, ("kind",)))
+        kind = data["kind"]
+        if not isinstance(kind, str) or kind not in self.kinds:
+            return SpecIssue("kind", f"unknown kind; {expected}", _line_of(lines, ("kind",)))
+        return None
+
+    def load_text(self, text: str, source: str = "<spec>") -> Any:
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = mark.line + 1 if mark else None
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise SpecError(source, [SpecIssue("(document)", f"invalid YAML: {problem}", line)])
+        if not isinstance(data, dict) or node is None:
+            raise SpecError(source, [SpecIssue("(document)", "expected a mapping with a 'kind'", 1)])
+        return self.validate(data, source, _lines(node))
+
+    def validate(self, data: dict, source: str = "<spec>", lines: dict | None = None) -> Any:
+        """Validate an already-parsed document (e.g. JSON from the API)."""
+        lines = lines or {}
+        if isinstance(data, dict) and (issue := self._kind_issue(data, lines)):
+            raise SpecError(source, [issue])
+        try:
+            return self._adapter.validate_python(data)
+        except ValidationError as exc:
+            issues = [_issue_from(e, lines, self.kinds) for e in exc.errors(include_input=False)]
+            raise SpecError(source, list(dict.fromkeys(issues))) from None  # union members repeat
+
+    def load(self, path: str | Path) -> Any:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SpecError(str(p), [SpecIssue("(file)", f"cannot read: {exc.strerror}")]) from None
+        return self.load_text(text, str(p))
+
+    def json_schema(self) -> dict:
+        return self._adapter.json_schema()
+
+
+# The platform's specs: what the API accepts and `aicluster submit`/`deploy` send.
+PLATFORM = SpecLoader(JobSpec, ServiceSpec)
+
+
 def load_spec_text(text: str, source: str = "<spec>") -> Any:
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError(source, [SpecIssue("(document)", f"invalid YAML: {problem}", line)])
-    if not isinstance(data, dict) or node is None:
-        raise SpecError(source, [SpecIssue("(document)", "expected a mapping with a 'kind'", 1)])
-    return validate_spec(data, source, _lines(node))
+    return PLATFORM.load_text(text, source)
 
 
 def validate_spec(data: dict, source: str = "<spec>", lines: dict | None = None) -> Any:
     """Validate an already-parsed document (e.g. JSON from the API)."""
-    try:
-        return _ADAPTER.validate_python(data)
-    except ValidationError as exc:
-        issues = [_issue_from(e, lines or {}) for e in exc.errors(include_input=False)]
-        raise SpecError(source, list(dict.fromkeys(issues))) from None  # union members repeat
+    return PLATFORM.validate(data, source, lines)
 
 
 def load_spec(path: str | Path) -> Any:
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(str(p), [SpecIssue("(file)", f"cannot read: {exc.strerror}")]) from None
-    return load_spec_text(text, str(p))
+    return PLATFORM.load(path)
 
 
 def spec_json_schema() -> dict:
-    return _ADAPTER.json_schema()
+    return PLATFORM.json_schema()

@@ -315,6 +315,17 @@ class Store:
             row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
             return JobRecord.of(row) if row else None
 
+    def newest_jobs_named(self, name: str, team: str | None = None) -> list[JobRecord]:
+        """The newest job called `name` in each team that has one (in `team` alone when
+        given), newest first. One query on the (name, team) index: `seq` orders submissions,
+        so the greatest `seq` per team is its newest job of that name."""
+        newest = select(func.max(JobRow.seq)).where(JobRow.name == name)
+        if team is not None:
+            newest = newest.where(JobRow.team == team)
+        q = select(JobRow).where(JobRow.seq.in_(newest.group_by(JobRow.team)))
+        with self._session() as s:
+            return [JobRecord.of(r) for r in s.scalars(q.order_by(JobRow.seq.desc()))]
+
     def list_jobs(
         self, team: str | None = None, statuses: Iterable[JobStatus] | None = None, limit: int = 1000
     ) -> list[JobRecord]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -41,6 +41,8 @@ class TokenRow(Base):
 
 class JobRow(Base):
     __tablename__ = "jobs"
+    # A job's name resolves to the newest job of that name (in a team): Store.newest_jobs_named.
+    __table_args__ = (Index("ix_jobs_name_team", "name", "team"),)
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     id: Mapped[str] = mapped_column(String(80), unique=True, index=True)
     name: Mapped[str] = mapped_column(String(64))

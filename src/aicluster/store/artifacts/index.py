@@ -22,8 +22,8 @@ from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from aicluster.store.artifacts.manifest import FileEntry
-from aicluster.store.artifacts.names import LATEST, MAX_VERSION, is_number
+from aicluster.artifacts.manifest import FileEntry
+from aicluster.artifacts.names import LATEST, MAX_VERSION, is_number
 from aicluster.store.artifacts.schema import (
     ArtifactBlobProofRow,
     ArtifactRow,

@@ -29,14 +29,22 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from aicluster.artifacts.manifest import (
+    FileEntry,
+    Manifest,
+    ManifestError,
+    check_files,
+    scan_folder,
+    shown,
+)
+from aicluster.artifacts.names import ArtifactRef, check_kind, check_tag
+from aicluster.artifacts.tree import write_tree
 from aicluster.store.artifacts.backend import (
     BlobBackend,
     BlobSizeMismatch,
@@ -45,16 +53,6 @@ from aicluster.store.artifacts.backend import (
     open_backend,
 )
 from aicluster.store.artifacts.index import ArtifactIndex, UploadRecord, VersionRecord
-from aicluster.store.artifacts.manifest import (
-    FileEntry,
-    Manifest,
-    ManifestError,
-    check_files,
-    check_path,
-    scan_folder,
-    shown,
-)
-from aicluster.store.artifacts.names import ArtifactRef, check_kind, check_tag
 from aicluster.store.db import Conflict, NotFound, Store
 
 Progress = Callable[[int], None]
@@ -308,44 +306,3 @@ def _read_chunks(path: Path, progress: Progress | None, size: int = 1 << 20) -> 
             if progress:
                 progress(len(data))
             yield data
-
-
-def write_tree(
-    manifest: Manifest, dest: Path, fetch: Callable[[str], Iterable[bytes]],
-    progress: Progress | None = None,
-) -> Path:  # fmt: skip
-    """Download every file of the manifest into a new folder `dest`, atomically.
-
-    Files are fetched once per distinct blob and hash-checked; the folder appears
-    under its name only when complete (built beside it, then renamed).
-    """
-    import hashlib
-
-    dest = Path(dest)
-    if dest.exists():
-        raise FileExistsError(f"{dest} already exists")
-    tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
-    tmp.mkdir(parents=True)
-    try:
-        first: dict[str, Path] = {}
-        for f in manifest.files:
-            target = tmp / check_path(f.path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if f.sha256 in first:
-                shutil.copyfile(first[f.sha256], target)
-                continue
-            h = hashlib.sha256()
-            with open(target, "wb") as out:
-                for chunk in fetch(f.sha256):
-                    h.update(chunk)
-                    out.write(chunk)
-                    if progress:
-                        progress(len(chunk))
-            if h.hexdigest() != f.sha256:
-                raise ValueError(f"{f.path}: downloaded bytes do not match sha256 {f.sha256}")
-            first[f.sha256] = target
-        tmp.rename(dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dest

@@ -1,8 +1,8 @@
 """Planner vocabulary: GPUs, node shapes, interconnects, storage and model shapes.
 
-These are plain, frozen records built from catalog data (dicts), so core does no
-I/O: `aicluster.catalog` reads the shipped YAML and the spec's overrides are merged
-into those dicts before the records are built here.
+These are plain, frozen records built from catalog data (dicts), so the arithmetic
+does no I/O: `aicluster.planner.catalog` reads the shipped YAML and the spec's
+overrides are merged into those dicts before the records are built here.
 
 Units are fixed by the field name: `_gib` binary gigabytes, `_gb_s` decimal
 gigabytes per second, `_tflops` 10^12 FLOP/s (dense, no sparsity), `_w` watts,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aicluster.core.planner.cluster import (
+from aicluster.planner.cluster import (
     Fabric,
     Pool,
     fabric,
@@ -17,23 +17,23 @@ from aicluster.core.planner.cluster import (
     serve_nodes,
     topology,
 )
-from aicluster.core.planner.hardware import Gpu, NodeShape
-from aicluster.core.planner.inference import ServePlan, plan_serving, throughput_curve
-from aicluster.core.planner.inputs import PlanInputs
-from aicluster.core.planner.pitfalls import (
+from aicluster.planner.hardware import Gpu, NodeShape
+from aicluster.planner.inference import ServePlan, plan_serving, throughput_curve
+from aicluster.planner.inputs import PlanInputs
+from aicluster.planner.pitfalls import (
     Pitfall,
     checkpoint_pitfall,
     network_pitfall,
     storage_pitfalls,
 )
-from aicluster.core.planner.power_cost import (
+from aicluster.planner.power_cost import (
     PowerCost,
     nodes_per_rack,
     power_and_cost,
     run_energy_usd,
 )
-from aicluster.core.planner.storage import Distribution, checkpoint_write_s, distribute
-from aicluster.core.planner.training import TrainPlan, plan_training, time_vs_nodes
+from aicluster.planner.storage import Distribution, checkpoint_write_s, distribute
+from aicluster.planner.training import TrainPlan, plan_training, time_vs_nodes
 
 
 @dataclass(frozen=True)

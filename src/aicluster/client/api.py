@@ -1,8 +1,10 @@
-"""Python client for the aicluster HTTP API (used by the CLI, tests and benchmarks).
+"""Python client for the aicluster HTTP API (used by the CLI, jobs, tests and benchmarks).
 
 Invariants:
 - Every failed call raises ApiError and nothing else from the transport:
   a non-2xx answer gives its status code, a failed connection gives status 0.
+  The one exception is `send`, which hands back any answer, 4xx and 5xx included,
+  for callers that inspect refusals themselves.
 - `ApiError.message` is always a one-line, human-readable string; structured
   detail (e.g. spec issues) is kept in `ApiError.detail` / `ApiError.issues`.
 - `follow_logs` yields every byte of the followed attempt exactly once, in order,
@@ -24,6 +26,7 @@ import re
 import tarfile
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +60,8 @@ class WorkdirError(ValueError):
     """The working_dir cannot be packed (missing, not a folder, too large)."""
 
 
-def _error_from(resp: httpx.Response) -> ApiError:
+def error_from(resp: httpx.Response) -> ApiError:
+    """The ApiError for a non-2xx answer: its status, a one-line message, the detail."""
     detail: Any = None
     message = ""
     try:
@@ -195,44 +199,66 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # transport
+    # transport: `path` is relative to the API URL, `kw` are httpx request arguments
 
-    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    def _unreachable(self, exc: httpx.TransportError) -> ApiError:
+        if isinstance(exc, httpx.ConnectError):
+            msg = f"cannot reach the aicluster API at {self.url}: is it running? (aicluster up)"
+        elif isinstance(exc, httpx.TimeoutException):
+            msg = f"the aicluster API at {self.url} did not answer in time"
+        else:
+            msg = f"request to {self.url} failed: {exc}"
+        return ApiError(0, msg)
+
+    def send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """Any answer, whatever its status; ApiError (status 0) only when there is none."""
         try:
-            resp = self._http.request(method, path, **kw)
-        except httpx.ConnectError:
-            raise ApiError(
-                0, f"cannot reach the aicluster API at {self.url}: is it running? (aicluster up)"
-            ) from None
-        except httpx.TimeoutException:
-            raise ApiError(0, f"the aicluster API at {self.url} did not answer in time") from None
+            return self._http.request(method, path, **kw)
         except httpx.TransportError as exc:
-            raise ApiError(0, f"request to {self.url} failed: {exc}") from None
+            raise self._unreachable(exc) from None
+
+    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """A 2xx answer; anything else raises ApiError."""
+        resp = self.send(method, path, **kw)
         if not resp.is_success:
-            raise _error_from(resp)
+            raise error_from(resp)
         return resp
 
-    def _json(self, method: str, path: str, **kw: Any) -> Any:
-        resp = self._request(method, path, **kw)
+    def request_json(self, method: str, path: str, **kw: Any) -> Any:
+        """The JSON body of a 2xx answer; anything else raises ApiError."""
+        resp = self.request(method, path, **kw)
         try:
             return resp.json()
         except ValueError:
             raise ApiError(resp.status_code, f"invalid JSON from {method} {path}") from None
 
+    @contextmanager
+    def stream(self, method: str, path: str, **kw: Any) -> Iterator[httpx.Response]:
+        """A 2xx answer whose body is read as it arrives (`iter_bytes`); a failure,
+        while connecting or while reading the body in the block, raises ApiError."""
+        try:
+            with self._http.stream(method, path, **kw) as resp:
+                if not resp.is_success:
+                    resp.read()
+                    raise error_from(resp)
+                yield resp
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from None
+
     # health and identity
 
     def health(self) -> dict:
-        return self._json("GET", "/healthz")
+        return self.request_json("GET", "/healthz")
 
     def whoami(self) -> dict:
-        return self._json("GET", "/v1/whoami")
+        return self.request_json("GET", "/v1/whoami")
 
     # jobs
 
     def submit(self, spec: dict, workdir: bytes | None = None) -> dict:
         """Submit a spec dict; `workdir` is a tar.gz (see pack_workdir) or None."""
         encoded = base64.b64encode(workdir).decode("ascii") if workdir else None
-        return self._json("POST", "/v1/jobs", json={"spec": spec, "workdir": encoded})
+        return self.request_json("POST", "/v1/jobs", json={"spec": spec, "workdir": encoded})
 
     def submit_file(self, path: str | Path) -> dict:
         """Load a spec file (SpecError propagates), pack its working_dir, submit."""
@@ -252,13 +278,13 @@ class Client:
         params: list[tuple[str, str]] = [("status", s) for s in status or ()]
         if team:
             params.append(("team", team))
-        return self._json("GET", "/v1/jobs", params=params)["jobs"]
+        return self.request_json("GET", "/v1/jobs", params=params)["jobs"]
 
     def job(self, job_id: str) -> dict:
-        return self._json("GET", f"/v1/jobs/{job_id}")
+        return self.request_json("GET", f"/v1/jobs/{job_id}")
 
     def cancel(self, job_id: str) -> dict:
-        return self._json("POST", f"/v1/jobs/{job_id}/cancel")
+        return self.request_json("POST", f"/v1/jobs/{job_id}/cancel")
 
     def logs(
         self, job_id: str, rank: int = 0, attempt: int | None = None, offset: int = 0
@@ -267,7 +293,7 @@ class Client:
         params: dict[str, Any] = {"rank": rank, "offset": offset}
         if attempt is not None:
             params["attempt"] = attempt
-        resp = self._request("GET", f"/v1/jobs/{job_id}/logs", params=params)
+        resp = self.request("GET", f"/v1/jobs/{job_id}/logs", params=params)
         data = resp.content
         h = resp.headers
         try:
@@ -343,29 +369,43 @@ class Client:
     # cluster
 
     def nodes(self) -> list[dict]:
-        return self._json("GET", "/v1/nodes")["nodes"]
+        return self.request_json("GET", "/v1/nodes")["nodes"]
 
     def events(self, after: int = 0, object_id: str | None = None) -> list[dict]:
         params: dict[str, Any] = {"after": after}
         if object_id:
             params["object_id"] = object_id
-        return self._json("GET", "/v1/events", params=params)["events"]
+        return self.request_json("GET", "/v1/events", params=params)["events"]
 
     # administration
 
     def create_team(self, name: str) -> dict:
-        return self._json("POST", "/v1/teams", json={"name": name})
+        return self.request_json("POST", "/v1/teams", json={"name": name})
 
     def teams(self) -> list[str]:
-        return self._json("GET", "/v1/teams")["teams"]
+        return self.request_json("GET", "/v1/teams")["teams"]
 
     def create_token(self, user: str, team: str | None = None, role: str = "member") -> dict:
-        return self._json("POST", "/v1/tokens", json={"user": user, "team": team, "role": role})
+        body = {"user": user, "team": team, "role": role}
+        return self.request_json("POST", "/v1/tokens", json=body)
+
+    # queue and quotas
+
+    def queue(self) -> list[dict]:
+        """Pending workloads in the order the scheduler considers them, each with its reason."""
+        return self.request_json("GET", "/v1/queue")["queue"]
+
+    def quotas(self) -> list[dict]:
+        return self.request_json("GET", "/v1/quotas")["quotas"]
+
+    def set_quota(self, team: str, pool: str, quota: dict) -> dict:
+        """Set a team's quota in a pool (admins); `quota`: gpus, borrow_gpus, lend_gpus, weight."""
+        return self.request_json("PUT", f"/v1/teams/{team}/quotas/{pool}", json=quota)
 
     # -- services -------------------------------------------------------------------
 
     def deploy(self, spec: dict) -> dict:
-        return self._json("POST", "/v1/services", json={"spec": spec})
+        return self.request_json("POST", "/v1/services", json={"spec": spec})
 
     def deploy_file(self, path: str | Path) -> dict:
         """Load a `kind: service` spec file (SpecError propagates) and deploy it."""
@@ -375,17 +415,17 @@ class Client:
         return self.deploy(spec.model_dump(mode="json"))
 
     def services(self) -> list[dict]:
-        return self._json("GET", "/v1/services")["services"]
+        return self.request_json("GET", "/v1/services")["services"]
 
     def service(self, name: str, team: str | None = None) -> dict:
-        return self._json("GET", f"/v1/services/{name}", params=_team(team))
+        return self.request_json("GET", f"/v1/services/{name}", params=_team(team))
 
     def scale(self, name: str, replicas: int, team: str | None = None) -> dict:
-        return self._json("POST", f"/v1/services/{name}/scale", params=_team(team),
-                          json={"replicas": replicas})  # fmt: skip
+        return self.request_json("POST", f"/v1/services/{name}/scale", params=_team(team),
+                                 json={"replicas": replicas})  # fmt: skip
 
     def delete_service(self, name: str, team: str | None = None) -> dict:
-        return self._json("DELETE", f"/v1/services/{name}", params=_team(team))
+        return self.request_json("DELETE", f"/v1/services/{name}", params=_team(team))
 
 
 def _team(team: str | None) -> dict:
@@ -395,4 +435,4 @@ def _team(team: str | None) -> dict:
 def node_action(client: Client, node: str, action: str, grace_s: float | None = None) -> dict:
     """cordon | drain | uncordon a node (admins); `node` is an id prefix or a name."""
     body = {"grace_s": grace_s} if grace_s is not None else None
-    return client._json("POST", f"/v1/nodes/{node}/{action}", json=body)
+    return client.request_json("POST", f"/v1/nodes/{node}/{action}", json=body)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aicluster.core.planner.network import transfer_s
+from aicluster.planner.network import transfer_s
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from aicluster.core.planner.assumptions import (
+from aicluster.planner.assumptions import (
     BTU_PER_HOUR_PER_WATT,
     HOURS_PER_MONTH,
     Assumptions,
 )
-from aicluster.core.planner.cluster import Fabric, Pool
-from aicluster.core.planner.hardware import Gpu, NodeShape
+from aicluster.planner.cluster import Fabric, Pool
+from aicluster.planner.hardware import Gpu, NodeShape
 
 RACK_UNITS = 42
 

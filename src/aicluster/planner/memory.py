@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aicluster.core.planner.hardware import ModelShape
+from aicluster.planner.hardware import ModelShape
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "nf4")
 

@@ -2,7 +2,8 @@
 
 Invariant: the catalog is data; every figure in it carries a source (a vendor
 datasheet, a model config, a paper, or the word "assumption"). This module only
-reads the files; the arithmetic lives in `aicluster.core.planner`.
+reads the files; the records and arithmetic over them live in the rest of
+`aicluster.planner` (`hardware.Catalog`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from aicluster.core.planner.hardware import SECTIONS, Catalog
+from aicluster.planner.hardware import SECTIONS, Catalog
 
 FILES = ("gpus.yaml", "nodes.yaml", "interconnects.yaml", "storage.yaml", "models.yaml")
 

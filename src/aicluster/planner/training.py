@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from aicluster.core.planner.assumptions import Assumptions
-from aicluster.core.planner.hardware import GIB, Gpu, ModelShape
-from aicluster.core.planner.memory import (
+from aicluster.planner.assumptions import Assumptions
+from aicluster.planner.hardware import GIB, Gpu, ModelShape
+from aicluster.planner.memory import (
     ADAM_K,
     STRATEGIES,
     WEIGHT_BITS,
@@ -31,7 +31,7 @@ from aicluster.core.planner.memory import (
     model_state_bytes,
     param_counts,
 )
-from aicluster.core.planner.network import gradient_sync
+from aicluster.planner.network import gradient_sync
 
 METHODS = ("full", "lora", "qlora")
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from aicluster.core.planner.hardware import Catalog, Gpu
-from aicluster.core.planner.inference import plan_serving
-from aicluster.core.planner.inputs import PlanInputs
-from aicluster.core.planner.training import plan_training
+from aicluster.planner.hardware import Catalog, Gpu
+from aicluster.planner.inference import plan_serving
+from aicluster.planner.inputs import PlanInputs
+from aicluster.planner.training import plan_training
 
 
 @dataclass

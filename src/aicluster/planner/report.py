@@ -1,6 +1,6 @@
 """Plan reports: Markdown and HTML, with charts drawn as inline SVG (no plotting library).
 
-Input is the dict from `aicluster.core.planner.plan.plan_to_dict`, so a report can be made
+Input is the dict from `aicluster.planner.plan.plan_to_dict`, so a report can be made
 from saved `-o json` output too. Charts: memory per GPU by kind (stacked bars), serving
 capacity against replicas (with the demand as a line), training days against nodes, and
 capital cost by part. Text is escaped; numbers are formatted, never interpreted.
@@ -359,7 +359,7 @@ def markdown(d: dict, with_charts: bool = True) -> str:
     out += ["", "## Sources", ""] + [f"- {k}: {v}" for k, v in _sources(d)]
     out += [
         "",
-        "Formulas and their sources: docs/planner.md and the docstrings of `aicluster.core.planner`.",
+        "Formulas and their sources: docs/planner.md and the docstrings of `aicluster.planner`.",
         "",
     ]
     if with_charts:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from aicluster.core.planner.hardware import Interconnect, NodeShape
+from aicluster.planner.hardware import Interconnect, NodeShape
 
 
 @dataclass(frozen=True)

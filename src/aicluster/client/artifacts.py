@@ -1,5 +1,8 @@
 """Artifact calls of the Python client: functions that take a `Client`.
 
+Bytes go between this process and the API's blob routes; names, manifests and
+the verified folder writing are the artifact format's (`aicluster.artifacts`).
+
 Invariants:
 - `push` hashes every file locally, uploads only the blobs the server lacks
   (so pushing again after an interrupted push resumes it) and makes the version
@@ -20,15 +23,10 @@ from urllib.parse import quote
 
 import httpx
 
-from aicluster.cli.sdk import ApiError, Client, _error_from
-from aicluster.store.artifacts.manifest import (
-    FileEntry,
-    Manifest,
-    ManifestError,
-    scan_folder,
-)
-from aicluster.store.artifacts.names import ArtifactRef, RefError, parse_ref
-from aicluster.store.artifacts.repository import write_tree
+from aicluster.artifacts.manifest import FileEntry, Manifest, ManifestError, scan_folder
+from aicluster.artifacts.names import ArtifactRef, RefError, parse_ref
+from aicluster.artifacts.tree import write_tree
+from aicluster.client.api import ApiError, Client
 
 Progress = Callable[[int], None]
 CHUNK = 1 << 20
@@ -72,7 +70,7 @@ def push(
         "name": name, "kind": kind, "files": [e.__dict__ for e, _ in scanned],
         "metadata": metadata or {}, "producer_job": producer_job,
     }  # fmt: skip
-    up = client._json("POST", "/v1/artifacts/uploads", json=body)
+    up = client.request_json("POST", "/v1/artifacts/uploads", json=body)
     missing = up["missing"]
     if on_plan:
         on_plan(len(missing), sum(where[d][1] for d in missing))
@@ -80,7 +78,7 @@ def push(
         for digest in missing:
             put_blob(client, up["upload_id"], digest, where[digest][0], progress)
         try:
-            return client._json("POST", f"/v1/artifacts/uploads/{up['upload_id']}/commit")
+            return client.request_json("POST", f"/v1/artifacts/uploads/{up['upload_id']}/commit")
         except ApiError as exc:
             again = exc.detail.get("missing") if isinstance(exc.detail, dict) else None
             if exc.status_code != 409 or not again:
@@ -100,7 +98,7 @@ def put_blob(
                 yield data
 
     size = Path(path).stat().st_size
-    return client._json(
+    return client.request_json(
         "PUT", f"/v1/artifacts/uploads/{upload_id}/blobs/{digest}", content=chunks(),
         headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"},
         timeout=TRANSFER_TIMEOUT,
@@ -126,12 +124,11 @@ def blob_fetcher(client: Client, version: dict) -> Callable[[str], Iterator[byte
 
     def fetch(digest: str) -> Iterator[bytes]:
         try:
-            with client._http.stream("GET", prefix + digest, timeout=TRANSFER_TIMEOUT) as resp:
-                if not resp.is_success:
-                    resp.read()
-                    raise _error_from(resp)
+            with client.stream("GET", prefix + digest, timeout=TRANSFER_TIMEOUT) as resp:
                 yield from resp.iter_bytes(CHUNK)
-        except httpx.TransportError as exc:
+        except ApiError as exc:
+            if exc.status_code:
+                raise
             raise ApiError(0, f"download of blob {digest[:12]} failed: {exc}") from None
 
     return fetch
@@ -170,46 +167,46 @@ def pull(
 
 def list_artifacts(client: Client, team: str | None = None) -> list[dict]:
     params = {"team": team} if team else {}
-    return client._json("GET", "/v1/artifacts", params=params)["artifacts"]
+    return client.request_json("GET", "/v1/artifacts", params=params)["artifacts"]
 
 
 def describe(client: Client, name: str) -> dict:
     """The artifact with every version; with `:VERSION` only that version and its files."""
     ref = resolve_ref(client, name)
     if ref.selector is None:
-        return client._json("GET", _base(ref))
+        return client.request_json("GET", _base(ref))
     return version(client, name)
 
 
 def version(client: Client, name: str) -> dict:
     ref = resolve_ref(client, name)
     sel = quote(ref.selector or "latest")
-    return client._json("GET", f"{_base(ref)}/versions/{sel}")
+    return client.request_json("GET", f"{_base(ref)}/versions/{sel}")
 
 
 def tag(client: Client, name: str, tag_name: str) -> dict:
     ref = resolve_ref(client, name)
-    return client._json(
+    return client.request_json(
         "PUT", f"{_base(ref)}/tags/{quote(tag_name)}", json={"version": ref.selector}
     )
 
 
 def untag(client: Client, name: str, tag_name: str) -> None:
     ref = resolve_ref(client, name)
-    client._request("DELETE", f"{_base(ref)}/tags/{quote(tag_name)}")
+    client.request("DELETE", f"{_base(ref)}/tags/{quote(tag_name)}")
 
 
 def delete(client: Client, name: str) -> dict:
     ref = resolve_ref(client, name)
     if ref.selector is None:
         raise ApiError(400, f"{ref}: name the version to delete (NAME:VERSION or NAME:TAG)")
-    return client._json("DELETE", f"{_base(ref)}/versions/{quote(ref.selector)}")
+    return client.request_json("DELETE", f"{_base(ref)}/versions/{quote(ref.selector)}")
 
 
 def share(client: Client, name: str, team: str, shared: bool = True) -> dict:
     ref = resolve_ref(client, name)
-    return client._json("PUT" if shared else "DELETE", f"{_base(ref)}/shares/{quote(team)}")
+    return client.request_json("PUT" if shared else "DELETE", f"{_base(ref)}/shares/{quote(team)}")
 
 
 def gc(client: Client) -> dict[str, Any]:
-    return client._json("POST", "/v1/artifacts/gc")
+    return client.request_json("POST", "/v1/artifacts/gc")

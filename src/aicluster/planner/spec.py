@@ -4,20 +4,27 @@ Vocabulary: `serve` lists models to serve (request rate or concurrent users, pro
 output lengths, latency targets); `train` lists training or fine-tuning runs (tokens,
 sequence length, method, target duration); `hardware` picks catalog entries (node shape,
 network, shared storage) and may override or add any catalog entry; `constraints` holds
-the budget and every planning assumption (see `aicluster.core.planner.assumptions`).
+the budget and every planning assumption (see `aicluster.planner.assumptions`).
 
 Counts such as `tokens` accept plain numbers or a suffix: `2T`, `300B`, `50M`, `1.5e12`.
 A model is either a catalog name (`model: llama-3-8b`) or an explicit `architecture`.
+
+Loading: `load_plan_spec(path)` / `load_plan_spec_text(text)` read a plan with the
+`spec` layer's `SpecLoader` (same strictness, same field-and-line errors). Plans are not
+platform specs: `aicluster.spec.load_spec` (what `submit`/`deploy` and the API use) knows
+only jobs and services, so `spec` never imports the planner.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
 from aicluster.spec.job import _NAME, Strict
+from aicluster.spec.loader import SpecLoader
 
 _SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
@@ -292,3 +299,16 @@ class PlanSpec(Strict):
                 f"workload names must be unique; repeated: {', '.join(dupes)}"
             )
         return self
+
+
+_LOADER = SpecLoader(PlanSpec)
+
+
+def load_plan_spec_text(text: str, source: str = "<spec>") -> PlanSpec:
+    """A plan from YAML text, or SpecError naming each bad field and its line."""
+    return _LOADER.load_text(text, source)
+
+
+def load_plan_spec(path: str | Path) -> PlanSpec:
+    """A plan from a YAML file, or SpecError (unreadable file, bad YAML, bad fields)."""
+    return _LOADER.load(path)

@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from aicluster.core.planner.assumptions import Assumptions
-from aicluster.core.planner.hardware import GIB, Gpu, ModelShape
-from aicluster.core.planner.memory import (
+from aicluster.planner.assumptions import Assumptions
+from aicluster.planner.hardware import GIB, Gpu, ModelShape
+from aicluster.planner.memory import (
     active_weight_bytes,
     kv_bytes_per_token,
     param_counts,

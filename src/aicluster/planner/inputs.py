@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from aicluster.core.planner.assumptions import Assumptions
-from aicluster.core.planner.hardware import (
+from aicluster.planner.assumptions import Assumptions
+from aicluster.planner.hardware import (
     Catalog,
     CatalogError,
     Gpu,
@@ -19,9 +19,9 @@ from aicluster.core.planner.hardware import (
     NodeShape,
     Storage,
 )
-from aicluster.core.planner.inference import ServeRequest
-from aicluster.core.planner.training import TrainRequest
-from aicluster.spec.plan import PlanSpec, ServeWorkload, TrainWorkload
+from aicluster.planner.inference import ServeRequest
+from aicluster.planner.spec import PlanSpec, ServeWorkload, TrainWorkload
+from aicluster.planner.training import TrainRequest
 
 DEFAULT_BATCH_TOKENS = {"full": 4 * 2**20, "lora": 2**18, "qlora": 2**18}
 NETWORK_KINDS = ("ethernet", "infiniband")

@@ -1,0 +1,342 @@
+"""The job reconcile loop (control.controller) over a fake engine, a fake clock and a
+real SQLite store: admission onto nodes, exit codes, node loss and restarts,
+preemption by quota, garbage collection, cancellation and per-attempt job tokens."""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+
+import pytest
+
+from aicluster.control.controller import GC_EVERY_S, NODE_DEATH_GRACE_S, Controller
+from aicluster.control.logs import LogStore
+from aicluster.control.service import Services
+from aicluster.core.lifecycle import JobStatus
+from aicluster.core.model import Quota
+from aicluster.engine.protocol import Engine
+from aicluster.spec.job import JobSpec
+from aicluster.store.db import Principal
+from aicluster.store.quotas import QuotaStore
+from fakes import FakeClock, FakeEngine, node, open_test_store, settle
+
+ADMIN = Principal("admin", None, "admin")
+P, A, R = JobStatus.PENDING, JobStatus.ADMITTED, JobStatus.RUNNING
+
+
+class World:
+    """One control plane's job side: store, fake engine (two 2-GPU nodes), controller."""
+
+    def __init__(self, tmp_path, template, quotas: bool = False):
+        self.clock = FakeClock()
+        self.store = open_test_store(tmp_path, self.clock, ("default", "owner", "borrower"),
+                                     template)  # fmt: skip
+        self.engine = FakeEngine([node("n1", gpus=2, cpus=4, pool="gpu"),
+                                  node("n2", gpus=2, cpus=4, pool="gpu")])  # fmt: skip
+        self.logs = LogStore(tmp_path / "logs")
+        self.quotas = QuotaStore(self.store) if quotas else None
+        self.tmp = tmp_path
+        self.ctrl = self.controller()
+
+    def controller(self) -> Controller:
+        return Controller(self.store, self.engine, self.logs, self.tmp / "workdirs", self.tmp,
+                          clock=self.clock, quotas=self.quotas,
+                          api_url="http://cp.test:8000")  # fmt: skip
+
+    def submit(self, name: str = "train", **spec) -> str:
+        doc = JobSpec.model_validate({"name": name, "command": "python train.py", **spec})
+        return self.store.create_job(doc.model_dump(mode="json"), "admin").id
+
+    def tick(self) -> None:
+        """One pass, then let the launches it started finish."""
+        self.ctrl.tick()
+        settle(self.ctrl)
+
+    def job(self, job_id: str):
+        return self.store.get_job(job_id)
+
+    def run(self, job_id: str):
+        """Tick until the job runs (admitted, launched, seen started)."""
+        for _ in range(3):
+            self.tick()
+            if self.job(job_id).status == R:
+                return self.job(job_id)
+        raise AssertionError(f"{job_id} is {self.job(job_id).status}: {self.job(job_id).message}")
+
+    def statuses(self, job_id: str) -> list[str]:
+        return [e.to_status for e in self.store.list_events(object_id=job_id)
+                if e.type == "JobTransition" or e.type == "JobSubmitted"]  # fmt: skip
+
+    def close(self) -> None:
+        self.ctrl.close()
+        self.store.close()
+
+
+@pytest.fixture
+def world(tmp_path, store_template):
+    w = World(tmp_path, store_template)
+    yield w
+    w.close()
+
+
+@pytest.fixture
+def quota_world(tmp_path, store_template):
+    w = World(tmp_path, store_template, quotas=True)
+    yield w
+    w.close()
+
+
+def test_the_fake_engine_has_every_method_of_the_engine_protocol():
+    wanted = {n for n in vars(Engine) if not n.startswith("_")}
+    assert wanted >= {"scan_output", "upload_output"}
+    for name in wanted:
+        proto = inspect.signature(getattr(Engine, name))
+        fake = inspect.signature(getattr(FakeEngine, name))
+        assert list(proto.parameters) == list(fake.parameters), name
+
+
+# -- admission and the end of a job ----------------------------------------------------
+
+
+def test_a_pending_gang_is_admitted_onto_nodes_that_fit_and_runs(world):
+    job_id = world.submit(workers=2, resources={"cpus": 1, "gpus": 2})
+    world.tick()
+    job = world.job(job_id)
+    assert job.status == A and job.attempt == 1
+    assert sorted(job.placement) == ["n1", "n2"]  # 2 GPUs each: one worker per node
+    (req,) = world.engine.launched
+    assert (req.job_id, req.attempt, req.gpus) == (job_id, 1, 2)
+    assert req.placement == tuple(job.placement)
+    assert req.env["AICLUSTER_JOB_ID"] == job_id and req.env["AICLUSTER_ATTEMPT"] == "1"
+    world.tick()
+    assert world.job(job_id).status == R
+    assert world.statuses(job_id) == ["PENDING", "ADMITTED", "RUNNING"]
+
+
+def test_a_job_larger_than_the_cluster_waits_with_a_reason(world):
+    job_id = world.submit(workers=3, resources={"gpus": 2})
+    world.tick()
+    job = world.job(job_id)
+    assert job.status == P and job.message.startswith("could never fit")
+    assert world.engine.launched == []
+
+
+def test_workers_that_exit_0_end_the_job_succeeded_and_their_logs_are_kept(world):
+    job_id = world.submit(workers=2, resources={"gpus": 2})
+    world.run(job_id)
+    world.engine.write(job_id, 0, b"epoch 1\n")
+    world.tick()
+    world.engine.exit(job_id, 0, log=b"done\n")
+    world.tick()
+    job = world.job(job_id)
+    assert (job.status, job.reason, job.exit_code) == (JobStatus.SUCCEEDED, "completed", 0)
+    assert world.logs.read(job_id, 1, 0) == b"epoch 1\ndone\n"
+    assert world.logs.read(job_id, 1, 1) == b"done\n"
+    assert (job_id, 1) in world.engine.stopped and not world.engine.running_gangs()
+
+
+def test_a_worker_exiting_non_zero_fails_the_job_with_its_exit_code(world):
+    job_id = world.submit(workers=2, resources={"gpus": 2}, max_restarts=3)
+    world.run(job_id)
+    world.engine.exit(job_id, 3, ranks=[1], log=b"about to fail\n")
+    world.tick()
+    job = world.job(job_id)
+    assert (job.status, job.reason, job.exit_code) == (JobStatus.FAILED, "exit_code", 3)
+    assert job.message == "rank 1 exited with code 3" and job.restarts == 0  # a user error
+    assert world.logs.read(job_id, 1, 1) == b"about to fail\n"
+    assert not world.engine.running_gangs(), "rank 0 was still running: it is stopped too"
+    assert world.statuses(job_id) == ["PENDING", "ADMITTED", "RUNNING", "FAILED"]
+
+
+def test_a_launch_failure_is_retried_within_the_restart_budget(world):
+    job_id = world.submit(max_restarts=1)
+    world.engine.fail_launch[job_id] = "placement group not ready in time"
+    world.tick()
+    world.tick()  # the failed launch is seen: requeued, and admitted again at once
+    job = world.job(job_id)
+    assert job.restarts == 1 and job.attempt == 2
+    requeue = [e for e in world.store.list_events(object_id=job_id) if e.reason == "requeued"]
+    assert requeue[0].message.startswith("launch_failed: placement group not ready")
+    world.tick()
+    job = world.job(job_id)
+    assert (job.status, job.reason) == (JobStatus.FAILED, "launch_failed")
+
+
+# -- node loss -------------------------------------------------------------------------
+
+
+def test_a_lost_node_requeues_the_job_then_fails_it_node_lost_after_max_restarts(world):
+    job_id = world.submit(resources={"gpus": 2}, max_restarts=1)
+    first = world.run(job_id)
+    world.engine.kill_node(first.placement[0])
+    world.tick()
+    job = world.job(job_id)
+    requeue = [e for e in world.store.list_events(object_id=job_id) if e.reason == "requeued"]
+    assert requeue and requeue[-1].message.startswith("node_lost: rank 0: node ")
+    assert "restart 1 of 1" in requeue[-1].message
+    assert job.restarts == 1 and job.attempt == 2, "requeued and placed again"
+    assert job.placement != first.placement and (job_id, 1) in world.engine.stopped
+    second = world.run(job_id)
+    started = [e for e in world.store.list_events(object_id=job_id) if e.to_status == "RUNNING"]
+    assert started[-1].message.startswith("recovered ") and "after node_lost" in started[-1].message
+    world.engine.kill_node(second.placement[0])
+    world.tick()
+    job = world.job(job_id)
+    assert (job.status, job.reason, job.restarts) == (JobStatus.FAILED, "node_lost", 1)
+
+
+def test_a_vanished_worker_on_a_live_node_is_given_the_node_death_grace(world):
+    job_id = world.submit(max_restarts=0)
+    world.run(job_id)
+    world.engine.lose(job_id, 0)
+    world.tick()
+    assert world.job(job_id).status == R, "its node may be dying: wait for Ray to say so"
+    world.clock.advance(NODE_DEATH_GRACE_S + 1)
+    world.tick()
+    job = world.job(job_id)
+    assert (job.status, job.reason) == (JobStatus.FAILED, "worker_lost")
+    assert job.message == "rank 0: worker process vanished"
+
+
+def test_a_new_controller_adopts_a_gang_its_predecessor_launched(world):
+    job_id = world.submit()
+    world.tick()  # admitted and launched, then this control plane "dies"
+    assert world.job(job_id).status == A
+    world.ctrl.close()
+    world.ctrl = world.controller()
+    world.tick()
+    assert world.job(job_id).status == R and len(world.engine.launched) == 1
+
+
+# -- preemption --------------------------------------------------------------------------
+
+
+def test_a_team_reclaiming_its_quota_preempts_a_borrower_without_spending_a_restart(quota_world):
+    w = quota_world
+    w.quotas.set(Quota("owner", "gpu", gpus=4, borrow_gpus=0))
+    w.quotas.set(Quota("borrower", "gpu", gpus=0))
+    borrower = w.submit("borrow", team="borrower", workers=2, resources={"gpus": 2})
+    w.run(borrower)
+    owner = w.submit("reclaim", team="owner", resources={"gpus": 2})
+    for _ in range(3):
+        w.tick()
+    assert w.job(owner).status == R
+    job = w.job(borrower)
+    assert job.status == P and job.restarts == 0 and job.message, "waits, saying why"
+    preempted = [e for e in w.store.list_events(object_id=borrower)
+                 if (e.message or "").startswith("preempted")]  # fmt: skip
+    assert preempted and ("owner" in preempted[0].message or "guarantee" in preempted[0].message)
+    assert (borrower, 1) in w.engine.stopped
+    assert any(q[0] == borrower for q in w.ctrl.queue)
+    w.engine.exit(owner, 0)
+    w.run(borrower)
+    assert w.job(borrower).attempt == 2, "back when the owner's job ended"
+
+
+# -- garbage, cancellation, tokens ------------------------------------------------------
+
+
+def test_garbage_collection_stops_gangs_no_live_attempt_owns(world):
+    job_id = world.submit()
+    world.run(job_id)
+    world.engine.orphan("ghost-abc123", 1, ("n2",))  # no such job
+    world.engine.orphan(job_id, 7, ("n2",))  # not the job's current attempt
+    world.clock.advance(GC_EVERY_S)
+    world.tick()
+    assert world.engine.running_gangs() == {(job_id, 1)}
+    assert {("ghost-abc123", 1), (job_id, 7)} <= set(world.engine.stopped)
+
+
+def test_cancelling_a_running_job_stops_its_gang_and_keeps_its_logs(world):
+    job_id = world.submit(workers=2, resources={"gpus": 2})
+    world.run(job_id)
+    world.engine.write(job_id, 1, b"last words\n")
+    services = Services(world.store, world.engine, world.logs, world.tmp / "workdirs")
+    done = services.cancel(ADMIN, job_id)
+    assert (done.status, done.reason) == (JobStatus.CANCELLED, "cancelled_by_user")
+    assert not world.engine.running_gangs()
+    assert world.logs.read(job_id, 1, 1) == b"last words\n"
+    world.clock.advance(GC_EVERY_S)
+    world.tick()
+    assert world.job(job_id).status == JobStatus.CANCELLED and len(world.engine.launched) == 1
+
+
+def test_a_gang_whose_launch_outlived_its_cancelled_job_is_collected(world):
+    job_id = world.submit()
+    world.engine.launch_gate.clear()  # the launch hangs in the engine ...
+    world.ctrl.tick()
+    Services(world.store, world.engine, world.logs, world.tmp / "workdirs").cancel(ADMIN, job_id)
+    world.engine.launch_gate.set()  # ... and completes after the job was cancelled
+    settle(world.ctrl)
+    assert world.engine.running_gangs() == {(job_id, 1)}
+    world.clock.advance(GC_EVERY_S)
+    world.tick()
+    assert world.engine.running_gangs() == set()
+
+
+def test_each_attempt_gets_a_job_token_that_dies_with_it(world):
+    job_id = world.submit(max_restarts=1)
+    first = world.run(job_id)
+    token1 = world.engine.launched[-1].env["AICLUSTER_TOKEN"]
+    assert world.engine.launched[-1].env["AICLUSTER_URL"] == "http://cp.test:8000"
+    who = world.store.authenticate(token1)
+    assert (who.job_id, who.team, who.is_admin) == (job_id, "default", False)
+    world.engine.kill_node(first.placement[0])
+    world.run(job_id)
+    token2 = world.engine.launched[-1].env["AICLUSTER_TOKEN"]
+    assert token2 != token1
+    assert world.store.authenticate(token1) is None, "the first attempt's token is revoked"
+    assert world.store.authenticate(token2).job_id == job_id
+    world.engine.exit(job_id, 0)
+    world.clock.advance(GC_EVERY_S)
+    world.tick()
+    assert world.job(job_id).status == JobStatus.SUCCEEDED
+    assert world.store.authenticate(token2) is None
+    assert world.store.revoke_job_tokens(job_id) == 0, "collected: no live token is left"
+
+
+class FakeArtifacts:
+    """The artifact store's upload API as the controller uses it: open an upload (the
+    blobs storage lacks come back), commit it as the next version."""
+
+    def __init__(self, have: set[str]):
+        self.have, self.uploads, self.versions = have, {}, []
+        self.artifacts = self
+
+    def begin_upload(self, ref, kind, files, producer_job=None, created_by=None):
+        up = SimpleNamespace(id=len(self.uploads) + 1, ref=ref, files=files, job=producer_job)
+        self.uploads[up.id] = up
+        return up, [f["sha256"] for f in files if f["sha256"] not in self.have]
+
+    def commit(self, upload_id):
+        up = self.uploads[upload_id]
+        self.versions.append(up)
+        return SimpleNamespace(team=up.ref.team, name=up.ref.name, version=len(self.versions))
+
+
+def test_a_succeeded_jobs_outputs_are_uploaded_from_rank_0_and_committed(world):
+    job_id = world.submit(outputs=[{"path": "out", "artifact": "weights"}])
+    world.ctrl.artifacts = FakeArtifacts(have={"a" * 64})
+    world.run(job_id)
+    files = [{"path": "w.bin", "size": 10, "sha256": "a" * 64},
+             {"path": "cfg.json", "size": 2, "sha256": "b" * 64}]  # fmt: skip
+    world.engine.outputs[(job_id, "out")] = files
+    world.engine.exit(job_id, 0)
+    world.tick()
+    job = world.job(job_id)
+    assert job.status == JobStatus.SUCCEEDED
+    assert job.message == "all workers exited 0; produced default/weights:1"
+    assert world.engine.uploaded == [(job_id, 1, "out", ["b" * 64])], "only what storage lacks"
+    assert world.ctrl.artifacts.versions[0].job == job_id
+
+
+def test_a_job_whose_outputs_cannot_be_stored_fails_output_failed(world):
+    job_id = world.submit(outputs=[{"path": "out", "artifact": "weights"}])
+    world.ctrl.artifacts = FakeArtifacts(have=set())
+    world.run(job_id)
+    world.engine.exit(job_id, 0)
+    world.engine.scan_output = lambda *_a: (_ for _ in ()).throw(OSError("disk gone"))
+    world.tick()
+    job = world.job(job_id)
+    assert (job.status, job.reason) == (JobStatus.FAILED, "output_failed")
+    assert "disk gone" in job.message and not world.engine.running_gangs()

@@ -1,0 +1,168 @@
+"""Node states (control.nodes_loop) from Ray membership and health readings, with fake
+health agents and a fake clock: Ready/Degraded/Down follow the facts, admin states
+(Cordoned, Draining) stick until an admin lifts them, and the controller keeps new
+work off every node that is not Ready and requeues a draining node's jobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from aicluster.control.controller import NODE_DEATH_GRACE_S, Controller
+from aicluster.control.logs import LogStore
+from aicluster.control.nodes_loop import NodeLoop
+from aicluster.core.lifecycle import JobStatus
+from aicluster.core.nodestate import NodeState as NS
+from aicluster.spec.job import JobSpec
+from aicluster.store.nodes import NodeStore
+from fakes import FakeAgents, FakeClock, FakeEngine, failing, healthy, node, open_test_store, settle
+
+
+class World:
+    def __init__(self, tmp_path, template):
+        self.clock = FakeClock()
+        self.store = open_test_store(tmp_path, self.clock, template=template)
+        self.engine = FakeEngine([node("n1"), node("n2")])
+        self.agents = FakeAgents()
+        self.loop = NodeLoop(NodeStore(self.store), self.agents, clock=self.clock)
+        self.ctrl = Controller(self.store, self.engine, LogStore(tmp_path / "logs"), tmp_path / "w",
+                               tmp_path, clock=self.clock, node_loop=self.loop)  # fmt: skip
+
+    def observe(self) -> dict[str, NS]:
+        """One health poll, then one reconcile: the state of every node."""
+        self.loop.poll_once(self.engine.nodes())
+        return {n: rec.state for n, rec in self.loop.reconcile(self.engine.nodes()).items()}
+
+    def submit(self, **spec) -> str:
+        doc = JobSpec.model_validate({"name": "job", "command": "true", **spec})
+        return self.store.create_job(doc.model_dump(mode="json"), "admin").id
+
+    def tick(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.ctrl.tick()
+            settle(self.ctrl)
+
+    def transitions(self, node_id: str) -> list[tuple[str, str]]:
+        return [(e.from_status, e.to_status) for e in self.store.list_events(object_id=node_id)
+                if e.type == "NodeStateChanged"]  # fmt: skip
+
+
+@pytest.fixture
+def world(tmp_path, store_template):
+    w = World(tmp_path, store_template)
+    yield w
+    w.ctrl.close()
+    w.store.close()
+
+
+def test_nodes_follow_health_readings_and_membership(world):
+    assert world.observe() == {"n1": NS.READY, "n2": NS.READY}
+    assert set(world.agents.ensured) == {"n1", "n2"}
+    world.agents.health["n1"] = failing("gpu0", "3 uncorrected ECC errors")
+    assert world.observe()["n1"] == NS.DEGRADED
+    rec = world.loop.nodes.get("n1")
+    assert rec.reason == "gpu0: 3 uncorrected ECC errors"
+    assert {c["name"]: c["status"] for c in rec.checks} == {"memory": "ok", "gpu0": "fail"}
+    world.agents.health["n1"] = healthy()
+    assert world.observe()["n1"] == NS.READY and world.loop.nodes.get("n1").reason is None
+    world.engine.kill_node("n2")
+    assert world.observe()["n2"] == NS.DOWN
+    assert world.loop.nodes.get("n2").reason == "Ray reports the node dead"
+    assert world.transitions("n1") == [("Ready", "Degraded"), ("Degraded", "Ready")]
+    assert world.transitions("n2") == [("Ready", "Down")]
+
+
+def test_a_node_that_comes_back_is_ready_or_degraded_as_its_health_says(world):
+    world.observe()
+    world.engine.kill_node("n1")
+    world.engine.kill_node("n2")
+    world.observe()
+    world.engine.add_node(node("n1"))
+    world.engine.add_node(node("n2"))
+    world.agents.health["n2"] = failing("disk", "1.0% free")
+    assert world.observe() == {"n1": NS.READY, "n2": NS.DEGRADED}
+
+
+def test_a_node_without_a_report_keeps_its_state(world):
+    world.observe()
+    world.agents.health["n1"] = None  # the agent does not answer
+    assert world.observe()["n1"] == NS.READY
+
+
+def test_cordon_and_drain_stick_until_uncordoned(world):
+    world.observe()
+    assert world.loop.cordon("n1", "alice").state == NS.CORDONED
+    world.agents.health["n1"] = failing()
+    assert world.observe()["n1"] == NS.CORDONED, "a health check never undoes an admin"
+    world.agents.health["n1"] = healthy()
+    assert world.observe()["n1"] == NS.CORDONED
+    drained = world.loop.drain("n1", "alice", grace_s=120)
+    assert drained.state == NS.DRAINING and drained.drain_deadline == world.clock() + 120
+    assert world.observe()["n1"] == NS.DRAINING
+    assert world.loop.uncordon("n1", "alice").state == NS.READY
+    assert world.loop.nodes.get("n1").drain_deadline is None
+    assert world.transitions("n1") == [("Ready", "Cordoned"), ("Cordoned", "Draining"),
+                                       ("Draining", "Ready")]  # fmt: skip
+    actors = {e.actor for e in world.store.list_events(object_id="n1")
+              if e.type == "NodeStateChanged"}  # fmt: skip
+    assert actors == {"alice"}
+
+
+def test_a_node_that_dies_while_cordoned_is_down_then_ready(world):
+    world.observe()
+    world.loop.cordon("n1", "alice")
+    world.engine.kill_node("n1")
+    assert world.observe()["n1"] == NS.DOWN, "down wins over everything"
+    world.engine.add_node(node("n1"))
+    assert world.observe()["n1"] == NS.READY
+
+
+def test_only_ready_nodes_take_new_work(world):
+    world.tick()
+    world.loop.cordon("n1", "alice")
+    world.agents.health["n2"] = failing()
+    world.loop.poll_once(world.engine.nodes())
+    job_id = world.submit()
+    world.tick()
+    job = world.store.get_job(job_id)
+    assert job.status == JobStatus.PENDING and job.message
+    world.loop.uncordon("n1", "alice")
+    world.tick()
+    assert world.store.get_job(job_id).placement == ["n1"]
+
+
+def test_a_worker_lost_on_a_degraded_node_fails_node_unhealthy(world):
+    world.tick()
+    job_id = world.submit(resources={"cpus": 8})
+    world.tick(2)
+    on = world.store.get_job(job_id).placement[0]
+    world.agents.health[on] = failing()
+    world.loop.poll_once(world.engine.nodes())
+    world.engine.lose(job_id)
+    world.tick()
+    world.clock.advance(NODE_DEATH_GRACE_S + 1)
+    world.tick()
+    job = world.store.get_job(job_id)
+    assert (job.status, job.reason) == (JobStatus.FAILED, "node_unhealthy")
+    assert job.message == "rank 0: its node failed health checks"
+
+
+def test_a_draining_nodes_jobs_are_requeued_after_the_grace_then_it_is_cordoned(world):
+    world.tick()
+    job_id = world.submit(resources={"cpus": 8})
+    world.tick(2)
+    on = world.store.get_job(job_id).placement[0]
+    world.loop.drain(on, "alice", grace_s=60)
+    world.tick()
+    assert world.store.get_job(job_id).status == JobStatus.RUNNING, "within its grace period"
+    assert world.loop.nodes.get(on).state == NS.DRAINING
+    world.clock.advance(61)
+    world.tick()
+    job = world.store.get_job(job_id)
+    assert (job.status, job.restarts) == (JobStatus.PENDING, 0), "a drain spends no restart"
+    requeue = [e for e in world.store.list_events(object_id=job_id) if e.reason == "requeued"]
+    assert requeue[-1].message.startswith("node_drained")
+    assert (job_id, 1) in world.engine.stopped
+    assert world.loop.nodes.get(on).state == NS.CORDONED, "nothing of aicluster left on it"
+    world.tick(2)
+    job = world.store.get_job(job_id)
+    assert (job.status, job.attempt) == (JobStatus.RUNNING, 2) and job.placement != [on]
