@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test install down bench clean
+.PHONY: run test lint install down bench clean
 
 # The dashboard test drives Debian's Chromium; playwright must never download a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
@@ -43,8 +43,14 @@ $(CHROMIUM):
 	  || echo "could not install chromium: the dashboard test will be skipped"; \
 	else echo "no apt-get: install Chromium at $(CHROMIUM) or the dashboard test is skipped"; fi
 
-test: install $(CHROMIUM)
+test: install $(CHROMIUM) lint
 	$(BIN)/python -m pytest -q
+
+# ruff (lint and format) and import-linter (the layers of DESIGN.md); part of `make test`.
+lint: install
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
+	$(BIN)/lint-imports
 
 down:
 	$(BIN)/aicluster down

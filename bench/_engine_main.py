@@ -28,8 +28,13 @@ class Resettable:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"] == "/bench/reset":
             self.app = create_app(self.options)
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [(b"content-type", b"text/plain")]})  # fmt: skip
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/plain")],
+                }
+            )
             await send({"type": "http.response.body", "body": b"reset\n"})
             return
         await self.app(scope, receive, send)
@@ -39,8 +44,14 @@ def main() -> None:
     import uvicorn
 
     _host, port, options = parse_args(sys.argv[1:])
-    uvicorn.run(Resettable(options), host="127.0.0.1", port=port, log_level="warning",
-                access_log=False, lifespan="off")  # fmt: skip
+    uvicorn.run(
+        Resettable(options),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+    )
 
 
 if __name__ == "__main__":

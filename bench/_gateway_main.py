@@ -43,14 +43,19 @@ def create_app() -> FastAPI:
 
     @app.post("/bench/publish")
     async def publish(services: list[dict]) -> dict:
-        changed = table.publish({
-            (s["team"], s["name"]): ServiceEndpoints(
-                team=s["team"], name=s["name"], engine="simulated", routing=s["routing"],
-                routing_options=s.get("routing_options", {}),
-                replicas=tuple(Endpoint(r["id"], r["url"]) for r in s["replicas"]),
-            )
-            for s in services
-        })  # fmt: skip
+        changed = table.publish(
+            {
+                (s["team"], s["name"]): ServiceEndpoints(
+                    team=s["team"],
+                    name=s["name"],
+                    engine="simulated",
+                    routing=s["routing"],
+                    routing_options=s.get("routing_options", {}),
+                    replicas=tuple(Endpoint(r["id"], r["url"]) for r in s["replicas"]),
+                )
+                for s in services
+            }
+        )
         return {"changed": changed, "version": table.version}
 
     @app.get("/bench/health")
@@ -66,8 +71,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     args = ap.parse_args()
-    uvicorn.run(create_app(), host="127.0.0.1", port=args.port, log_level="warning",
-                access_log=False)  # fmt: skip
+    uvicorn.run(
+        create_app(), host="127.0.0.1", port=args.port, log_level="warning", access_log=False
+    )
 
 
 if __name__ == "__main__":

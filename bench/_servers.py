@@ -92,8 +92,14 @@ def _spawn(name: str, argv: list[str], port: int, env: dict | None = None) -> Pr
     log = _LOGDIR / f"{name}.log"
     full_env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **(env or {}))
     with open(log, "wb") as fh:
-        popen = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=full_env,
-                                 stdin=subprocess.DEVNULL, cwd=str(_LOGDIR))  # fmt: skip
+        popen = subprocess.Popen(
+            argv,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            cwd=str(_LOGDIR),
+        )
     proc = Proc(name, popen, port, log)
     _ALL.append(proc)
     return proc
@@ -130,8 +136,13 @@ def start_engines(n: int, options: dict) -> list[Proc]:
     procs = []
     for i in range(n):
         port = free_port()
-        argv = [sys.executable, str(BENCH / "_engine_main.py"), f"--port={port}",
-                f"--model={MODEL}", *flags]  # fmt: skip
+        argv = [
+            sys.executable,
+            str(BENCH / "_engine_main.py"),
+            f"--port={port}",
+            f"--model={MODEL}",
+            *flags,
+        ]
         procs.append(_spawn(f"engine{i}", argv, port))
     return [_must(p, "/health") for p in procs]
 
@@ -147,15 +158,23 @@ def start_gateway() -> Proc:
     return _must(_spawn("gateway", argv, port), "/bench/health")
 
 
-def publish(gateway: Proc, team: str, routing: str, engines: list[Proc], tag: str,
-            routing_options: dict | None = None) -> dict[str, str]:  # fmt: skip
+def publish(
+    gateway: Proc,
+    team: str,
+    routing: str,
+    engines: list[Proc],
+    tag: str,
+    routing_options: dict | None = None,
+) -> dict[str, str]:
     """Point service `team/sim` at `engines`; returns the headers its clients send."""
-    svc = {"team": team, "name": MODEL, "routing": routing,
-           "routing_options": routing_options or {},
-           "replicas": [{"id": f"{tag}-r{i}", "url": e.url} for i, e in enumerate(engines)]}  # fmt: skip
-    httpx.post(
-        gateway.url + "/bench/publish", json=[svc], timeout=5.0
-    ).raise_for_status()
+    svc = {
+        "team": team,
+        "name": MODEL,
+        "routing": routing,
+        "routing_options": routing_options or {},
+        "replicas": [{"id": f"{tag}-r{i}", "url": e.url} for i, e in enumerate(engines)],
+    }
+    httpx.post(gateway.url + "/bench/publish", json=[svc], timeout=5.0).raise_for_status()
     return {"authorization": f"Bearer bench-{team}"}
 
 
@@ -169,12 +188,28 @@ def _venv_bin(peer: str, exe: str) -> str | Path:
     return path
 
 
-def _router(peer: str, argv0: list[str], engines: list[Proc], policy: str,
-            log_level: str, extra: list[str]) -> Proc | str:  # fmt: skip
+def _router(
+    peer: str, argv0: list[str], engines: list[Proc], policy: str, log_level: str, extra: list[str]
+) -> Proc | str:
     port, prom = free_port(), free_port()
-    argv = [*argv0, "--worker-urls", *[e.url for e in engines], "--policy", policy,
-            "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
-            "--prometheus-port", str(prom), "--log-level", log_level, *extra]  # fmt: skip
+    argv = [
+        *argv0,
+        "--worker-urls",
+        *[e.url for e in engines],
+        "--policy",
+        policy,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(prom),
+        "--log-level",
+        log_level,
+        *extra,
+    ]
     proc = _spawn(f"{peer}-{policy}-{port}", argv, port, env={"HF_HUB_OFFLINE": "1"})
     why = wait_ready(proc, "/health", 60.0)
     if why is None and _probe(proc.url, {}) is None:
@@ -183,19 +218,21 @@ def _router(peer: str, argv0: list[str], engines: list[Proc], policy: str,
     return why or f"answers but cannot serve: {_probe(proc.url, {})}"
 
 
-def start_sglang_router(
-    engines: list[Proc], policy: str, extra: list[str] = ()
-) -> Proc | str:
+def start_sglang_router(engines: list[Proc], policy: str, extra: list[str] = ()) -> Proc | str:
     py = _venv_bin("sglang", "python")
     if isinstance(py, str):
         return py
-    return _router("sglang-router", [str(py), "-m", "sglang_router.launch_router"], engines,
-                   policy, "warn", list(extra))  # fmt: skip
+    return _router(
+        "sglang-router",
+        [str(py), "-m", "sglang_router.launch_router"],
+        engines,
+        policy,
+        "warn",
+        list(extra),
+    )
 
 
-def start_vllm_router(
-    engines: list[Proc], policy: str, extra: list[str] = ()
-) -> Proc | str:
+def start_vllm_router(engines: list[Proc], policy: str, extra: list[str] = ()) -> Proc | str:
     exe = _venv_bin("vllm-router", "vllm-router")
     if isinstance(exe, str):
         return exe
@@ -212,10 +249,16 @@ def start_litellm(engines: list[Proc]) -> Proc | str:
     port = free_port()
     cfg = _LOGDIR / f"litellm-{port}.yaml"
     deployments = [
-        {"model_name": MODEL, "litellm_params": {"model": f"openai/{MODEL}",
-                                                 "api_base": f"{e.url}/v1", "api_key": "none"}}
+        {
+            "model_name": MODEL,
+            "litellm_params": {
+                "model": f"openai/{MODEL}",
+                "api_base": f"{e.url}/v1",
+                "api_key": "none",
+            },
+        }
         for e in engines
-    ]  # fmt: skip
+    ]
     cfg.write_text(
         json.dumps(
             {
@@ -225,11 +268,24 @@ def start_litellm(engines: list[Proc]) -> Proc | str:
                 "litellm_settings": {"drop_params": True},
             }
         )
-    )  # fmt: skip; JSON is YAML
-    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR",
-           "LITELLM_TELEMETRY": "False", "DISABLE_SCHEMA_UPDATE": "true"}  # fmt: skip
-    argv = [str(exe), "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port),
-            "--num_workers", "1"]  # fmt: skip
+    )  # JSON is YAML
+    env = {
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_TELEMETRY": "False",
+        "DISABLE_SCHEMA_UPDATE": "true",
+    }
+    argv = [
+        str(exe),
+        "--config",
+        str(cfg),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num_workers",
+        "1",
+    ]
     proc = _spawn(f"litellm-{port}", argv, port, env=env)
     why = wait_ready(proc, "/health/liveliness", 120.0)
     headers = {"authorization": f"Bearer {LITELLM_KEY}"}
@@ -241,12 +297,13 @@ def start_litellm(engines: list[Proc]) -> Proc | str:
 
 def _probe(url: str, headers: dict) -> str | None:
     """None when one chat completion through `url` succeeds; else what went wrong."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}],
-            "max_tokens": 2}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": 2,
+    }
     try:
-        r = httpx.post(
-            url + "/v1/chat/completions", json=body, headers=headers, timeout=30.0
-        )
+        r = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=30.0)
     except httpx.HTTPError as exc:
         return f"{type(exc).__name__}: {exc}"
     if r.status_code != 200:
@@ -264,9 +321,7 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
-async def scrape(
-    client: httpx.AsyncClient, engines: list[Proc]
-) -> list[dict[str, float]]:
+async def scrape(client: httpx.AsyncClient, engines: list[Proc]) -> list[dict[str, float]]:
     """Per engine, the vLLM-style counters we read (sums over labels), from /metrics."""
     out = []
     for e in engines:
@@ -301,8 +356,9 @@ def cpu_busy_since(start: tuple[float, float]) -> float:
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
-    line = lambda r: "  ".join(str(x).rjust(w) if i else str(x).ljust(w)
-                              for i, (x, w) in enumerate(zip(r, widths)))  # fmt: skip
+    line = lambda r: "  ".join(
+        str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, widths))
+    )
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
 
 

@@ -56,7 +56,7 @@ def make_source(root: Path, size: int, many: bool) -> Path:
             (root / f"shard-{i:05d}.bin").write_bytes(os.urandom(16) + chunk[16:])
     else:
         with open(root / "model.safetensors", "wb") as f:
-            for i in range(max(1, size // FILE)):
+            for _ in range(max(1, size // FILE)):
                 f.write(os.urandom(16) + chunk[16:])  # no two 4 MiB blocks alike
     return root
 
@@ -72,8 +72,13 @@ def s3_storage(tmp: Path):
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bench",
-                 aws_secret_access_key="bench").create_bucket(Bucket="bench")  # fmt: skip
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+    ).create_bucket(Bucket="bench")
     creds = tmp / "s3-credentials"
     creds.write_text("AWS_ACCESS_KEY_ID=bench\nAWS_SECRET_ACCESS_KEY=bench\n")
     from aicluster.store.artifacts import StorageConfig
@@ -118,8 +123,9 @@ def serve(home: Path, storage):
     token = store.create_token("bench")
     store.close()
     port = free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(home),
-                             json.dumps(asdict(storage)), str(port)])  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(home), json.dumps(asdict(storage)), str(port)]
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
         try:
@@ -161,7 +167,9 @@ def run_case(tmp: Path, url: str, token: str, size: int, many: bool, name: str) 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--size", default="1Gi", help="model size (bytes, 64Mi, 1Gi)")
     ap.add_argument("--backends", default="local,s3", help="comma-separated: local, s3")
     ap.add_argument("--workdir", default=None, help="scratch folder (default: a temp dir)")
@@ -202,9 +210,13 @@ def main() -> None:
 def print_table(rows, size: int) -> None:
     mib = size / 2**20
     print(f"\nartifact transfers, {mib:.0f} MiB per model ({os.cpu_count()} CPUs)")
-    print(f"{'backend':<8} {'layout':<11} {'step':<11} {'seconds':>8} {'MiB/s':>8} {'vs raw copy':>12}")
+    print(
+        f"{'backend':<8} {'layout':<11} {'step':<11} {'seconds':>8} {'MiB/s':>8} {'vs raw copy':>12}"
+    )
     for backend, layout, step, secs, raw in rows:
-        print(f"{backend:<8} {layout:<11} {step:<11} {secs:8.2f} {mib / secs:8.0f} {raw / secs:11.2f}x")
+        print(
+            f"{backend:<8} {layout:<11} {step:<11} {secs:8.2f} {mib / secs:8.0f} {raw / secs:11.2f}x"
+        )
     sys.stdout.flush()
 
 

@@ -41,8 +41,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _servers as S
 
-ZERO_COST = {"base_ttft_s": 0, "prefill_s_per_token": 0, "decode_s_per_token": 0,
-             "max_concurrency": 4096}  # fmt: skip
+ZERO_COST = {
+    "base_ttft_s": 0,
+    "prefill_s_per_token": 0,
+    "decode_s_per_token": 0,
+    "max_concurrency": 4096,
+}
 PROMPT = " ".join(f"word{i % 37}" for i in range(48))
 
 
@@ -70,9 +74,7 @@ async def one(client: httpx.AsyncClient, t: Target, body: dict) -> float | None:
     t.sent += 1
     t0 = time.perf_counter()
     try:
-        r = await client.post(
-            url + "/v1/chat/completions", json=body, headers=t.headers
-        )
+        r = await client.post(url + "/v1/chat/completions", json=body, headers=t.headers)
         ok = r.status_code == 200 and r.json().get("choices")
         if not ok:
             t.last_error = f"HTTP {r.status_code}: {r.text[:120]}"
@@ -91,9 +93,7 @@ async def unloaded(client, t: Target, body: dict, n: int) -> None:
             t.lat.append(dt)
 
 
-async def loaded(
-    client, t: Target, body: dict, concurrency: int, duration: float
-) -> None:
+async def loaded(client, t: Target, body: dict, concurrency: int, duration: float) -> None:
     stop = time.perf_counter() + duration
     done = 0
 
@@ -112,8 +112,7 @@ async def loaded(
 
 
 async def measure(targets: list[Target], args) -> None:
-    body = {"model": S.MODEL, "messages": [{"role": "user", "content": PROMPT}],
-            "max_tokens": 16}  # fmt: skip
+    body = {"model": S.MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 16}
     live = [t for t in targets if t.why_not is None]
     limits = httpx.Limits(
         max_connections=args.concurrency, max_keepalive_connections=args.concurrency
@@ -122,7 +121,8 @@ async def measure(targets: list[Target], args) -> None:
     try:
         for t in live:  # warm up connections and code paths; not counted
             await loaded(clients[t.name], t, body, args.concurrency, 0.5)
-            t.loaded.clear(); t.done, t.busy_s, t.errors = 0, 0.0, 0  # fmt: skip
+            t.loaded.clear()
+            t.done, t.busy_s, t.errors = 0, 0.0, 0
         for phase in ("unloaded", "loaded"):
             for rnd in range(args.rounds):
                 k = rnd % len(live)
@@ -148,20 +148,44 @@ def report(targets: list[Target], args) -> None:
             rows.append([t.name, "-", "-", "-", "-", "-", "-", "-", "-", "-"])
             continue
         p50, p99 = S.pct(t.lat, 0.5), S.pct(t.lat, 0.99)
-        rows.append([
-            t.name, f"{p50 * 1e3:.2f}", f"{p99 * 1e3:.2f}",
-            f"{(p50 - b50) * 1e3:+.2f}", f"{(p99 - b99) * 1e3:+.2f}",
-            f"{t.rps:.0f}", f"{t.rps / base.rps:.2f}",
-            f"{S.pct(t.loaded, 0.5) * 1e3:.1f}", f"{S.pct(t.loaded, 0.99) * 1e3:.1f}",
-            str(t.errors),
-        ])  # fmt: skip
+        rows.append(
+            [
+                t.name,
+                f"{p50 * 1e3:.2f}",
+                f"{p99 * 1e3:.2f}",
+                f"{(p50 - b50) * 1e3:+.2f}",
+                f"{(p99 - b99) * 1e3:+.2f}",
+                f"{t.rps:.0f}",
+                f"{t.rps / base.rps:.2f}",
+                f"{S.pct(t.loaded, 0.5) * 1e3:.1f}",
+                f"{S.pct(t.loaded, 0.99) * 1e3:.1f}",
+                str(t.errors),
+            ]
+        )
     c = args.concurrency
     print()
-    print(f"gateway overhead: {args.replicas} zero-cost simulated replicas, non-streaming chat "
-          f"completion (max_tokens 16), {args.rounds} rounds; unloaded = {args.lat_requests} "
-          f"sequential requests/round; loaded = concurrency {c} for {args.duration:.0f}s/round")  # fmt: skip
-    print(S.table(["path", "p50 ms", "p99 ms", "added p50", "added p99", f"req/s @{c}",
-                   "x direct", f"p50@{c} ms", f"p99@{c} ms", "errors"], rows))  # fmt: skip
+    print(
+        f"gateway overhead: {args.replicas} zero-cost simulated replicas, non-streaming chat "
+        f"completion (max_tokens 16), {args.rounds} rounds; unloaded = {args.lat_requests} "
+        f"sequential requests/round; loaded = concurrency {c} for {args.duration:.0f}s/round"
+    )
+    print(
+        S.table(
+            [
+                "path",
+                "p50 ms",
+                "p99 ms",
+                "added p50",
+                "added p99",
+                f"req/s @{c}",
+                "x direct",
+                f"p50@{c} ms",
+                f"p99@{c} ms",
+                "errors",
+            ],
+            rows,
+        )
+    )
     for t in targets:
         if t.why_not is not None:
             print(f"  {t.name}: not run: {t.why_not}")
@@ -169,27 +193,31 @@ def report(targets: list[Target], args) -> None:
             print(f"  {t.name}: {t.errors} errors, last: {t.last_error}")
     gw = next((t for t in targets if t.name.startswith("aicluster")), None)
     if gw is not None and gw.why_not is None:
-        print(
-            f"\nratios against the aicluster gateway (req/s @{c}; added p50 latency):"
-        )
+        print(f"\nratios against the aicluster gateway (req/s @{c}; added p50 latency):")
         g_added = S.pct(gw.lat, 0.5) - b50
         for t in targets[3:]:
             if t.why_not is None:
                 added = S.pct(t.lat, 0.5) - b50
-                print(f"  {t.name}: req/s x{t.rps / gw.rps:.2f}; added p50 "
-                      f"{added * 1e3:.2f} ms vs {g_added * 1e3:.2f} ms (x{added / g_added:.1f})")  # fmt: skip
+                print(
+                    f"  {t.name}: req/s x{t.rps / gw.rps:.2f}; added p50 "
+                    f"{added * 1e3:.2f} ms vs {g_added * 1e3:.2f} ms (x{added / g_added:.1f})"
+                )
 
 
 def start_peers(engines) -> list[Target]:
     """Start the peers side by side (their start-up overlaps; LiteLLM's takes ~20 s)."""
     specs = [
-        ("sglang-router 0.3.2 (round_robin)", lambda: S.start_sglang_router(engines, "round_robin")),
+        (
+            "sglang-router 0.3.2 (round_robin)",
+            lambda: S.start_sglang_router(engines, "round_robin"),
+        ),
         ("vllm-router 0.1.17 (round_robin)", lambda: S.start_vllm_router(engines, "round_robin")),
         (f"litellm proxy {S.LITELLM_VERSION}", lambda: S.start_litellm(engines)),
-    ]  # fmt: skip
+    ]
     results: dict[str, object] = {}
-    threads = [threading.Thread(target=lambda n=n, f=f: results.__setitem__(n, f()))
-               for n, f in specs]  # fmt: skip
+    threads = [
+        threading.Thread(target=lambda n=n, f=f: results.__setitem__(n, f())) for n, f in specs
+    ]
     for th in threads:
         th.start()
     for th in threads:
@@ -200,36 +228,27 @@ def start_peers(engines) -> list[Target]:
         if isinstance(p, str):
             out.append(Target(name, why_not=p))
         else:
-            hdr = (
-                {"authorization": f"Bearer {S.LITELLM_KEY}"}
-                if "litellm" in name
-                else {}
-            )
+            hdr = {"authorization": f"Bearer {S.LITELLM_KEY}"} if "litellm" in name else {}
             out.append(Target(name, [p.url], hdr))
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument(
-        "--lat-requests", type=int, default=200, help="per target per round"
-    )
+    ap.add_argument("--lat-requests", type=int, default=200, help="per target per round")
     ap.add_argument(
         "--duration",
         type=float,
         default=4.0,
         help="loaded seconds per target per round",
     )
-    ap.add_argument(
-        "--routing", default="least_outstanding", help="the aicluster gateway's policy"
-    )
-    ap.add_argument(
-        "--settle", type=float, default=0.5, help="idle seconds between targets"
-    )
+    ap.add_argument("--routing", default="least_outstanding", help="the aicluster gateway's policy")
+    ap.add_argument("--settle", type=float, default=0.5, help="idle seconds between targets")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--quick", action="store_true", help="1 round, 100 requests, 2 s")
     args = ap.parse_args()
@@ -241,10 +260,13 @@ def main() -> None:
         engines = S.start_engines(args.replicas, ZERO_COST)
         gw = S.start_gateway()
         headers = S.publish(gw, "overhead", args.routing, engines, "ov")
-        targets = [Target(f"direct (client round-robin, {args.replicas} replicas)",
-                          [e.url for e in engines]),
-                   Target("direct (1 replica)", [engines[0].url]),
-                   Target(f"aicluster gateway ({args.routing})", [gw.url], headers)]  # fmt: skip
+        targets = [
+            Target(
+                f"direct (client round-robin, {args.replicas} replicas)", [e.url for e in engines]
+            ),
+            Target("direct (1 replica)", [engines[0].url]),
+            Target(f"aicluster gateway ({args.routing})", [gw.url], headers),
+        ]
         if not args.no_peers:
             targets += start_peers(engines)
         print(

@@ -100,12 +100,18 @@ def fmt(v, spec: str = ".2f", unit: str = "") -> str:
 def table(title: str, header: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     print(f"\n{title}\n")
-    line = "  ".join(f"{h:<{w}}" if i == 0 else f"{h:>{w}}" for i, (h, w) in enumerate(zip(header, widths)))
+    line = "  ".join(
+        f"{h:<{w}}" if i == 0 else f"{h:>{w}}" for i, (h, w) in enumerate(zip(header, widths))
+    )
     print(line)
     print("-" * len(line))
     for r in rows:
-        print("  ".join(f"{c!s:<{w}}" if i == 0 else f"{c!s:>{w}}"
-                        for i, (c, w) in enumerate(zip(r, widths))))  # fmt: skip
+        print(
+            "  ".join(
+                f"{c!s:<{w}}" if i == 0 else f"{c!s:>{w}}"
+                for i, (c, w) in enumerate(zip(r, widths))
+            )
+        )
 
 
 # --------------------------------------------------------------------------- logs
@@ -125,7 +131,9 @@ class LogWatcher:
         new: list[tuple[float, str]] = []
         while True:
             try:
-                data, nxt, _, got = self.client.logs(self.job_id, self.rank, self.attempt, self.offset)
+                data, nxt, _, got = self.client.logs(
+                    self.job_id, self.rank, self.attempt, self.offset
+                )
             except ApiError:
                 return new  # the attempt has no log yet
             if not data or got != self.attempt:
@@ -193,8 +201,12 @@ def kill_node(cluster, node) -> int:
     """
     import psutil
 
-    roots = [info.process.pid for infos in node.all_processes.values() for info in infos
-             if info.process is not None]  # fmt: skip
+    roots = [
+        info.process.pid
+        for infos in node.all_processes.values()
+        for info in infos
+        if info.process is not None
+    ]
     procs: dict[int, psutil.Process] = {}
     for pid in roots:
         try:
@@ -230,13 +242,15 @@ def clean_run(client, spec_path: Path, timeout: float, submitted: list) -> dict:
     steps = [(t, int(m[1])) for t, m in watch.matches(STEP_RE)]
     running = event_ts(job["events"], lambda e: e["to_status"] == "RUNNING")
     return {
-        "job": job["id"], "status": job["status"], "attempts": job["attempt"],
+        "job": job["id"],
+        "status": job["status"],
+        "attempts": job["attempt"],
         "wall_s": job["finished_at"] - job["created_at"],
         "submit_to_running_s": running["ts"] - job["created_at"] if running else None,
         "running_to_first_step_s": steps[0][0] - running["ts"] if (running and steps) else None,
         "step_rate": step_rate(steps),
         "hashes": final_hashes(client, job),
-    }  # fmt: skip
+    }
 
 
 def failure_run(
@@ -273,16 +287,20 @@ def failure_run(
     t_kill = time.time()
     killed = kill_node(cluster, nodes[victim_id])
     t_removed = time.time()
-    log(f"killed node {victim_id[:8]} (rank 1, {killed} processes) at logged step "
-        f"{seen_at_kill}; took {t_removed - t_kill:.2f}s")  # fmt: skip
+    log(
+        f"killed node {victim_id[:8]} (rank 1, {killed} processes) at logged step "
+        f"{seen_at_kill}; took {t_removed - t_kill:.2f}s"
+    )
 
     # Attempt 2: first `step` line after `resumed from step S`, as the client sees it.
     w2 = LogWatcher(client, jid, 0, 2)
     resumed = first_step = None
     while True:
         if time.time() > deadline:
-            raise BenchError(f"no step after the resume within {timeout:.0f}s; job: "
-                             f"{job['status']} {job['reason']} {job['message']}")  # fmt: skip
+            raise BenchError(
+                f"no step after the resume within {timeout:.0f}s; job: "
+                f"{job['status']} {job['reason']} {job['message']}"
+            )
         job = client.job(jid)
         if job["attempt"] >= 2:
             for t, line in w2.poll():
@@ -303,10 +321,17 @@ def failure_run(
     w2.poll()
 
     ev = job["events"]
-    node_lost = event_ts(client.events(object_id=victim_id), lambda e: e["type"] == "NodeLost" and e["object_id"] == victim_id)
+    node_lost = event_ts(
+        client.events(object_id=victim_id),
+        lambda e: e["type"] == "NodeLost" and e["object_id"] == victim_id,
+    )
     requeued = event_ts(ev, lambda e: e["reason"] == "requeued")
-    admitted2 = event_ts(ev, lambda e: e["to_status"] == "ADMITTED" and requeued and e["ts"] > requeued["ts"])
-    running2 = event_ts(ev, lambda e: e["to_status"] == "RUNNING" and (e["message"] or "").startswith("recovered"))
+    admitted2 = event_ts(
+        ev, lambda e: e["to_status"] == "ADMITTED" and requeued and e["ts"] > requeued["ts"]
+    )
+    running2 = event_ts(
+        ev, lambda e: e["to_status"] == "RUNNING" and (e["message"] or "").startswith("recovered")
+    )
     steps1 = [int(m[1]) for _, m in w1.matches(STEP_RE)]
     w1.poll()  # whatever attempt 1 logged up to its end
     steps1 = [int(m[1]) for _, m in w1.matches(STEP_RE)] or steps1
@@ -314,11 +339,19 @@ def failure_run(
     last_before = max(steps1) if steps1 else None
     s = resumed[1] if resumed else None
     rate_pts = [(t, int(m[1])) for t, m in w2.matches(STEP_RE)]
-    regained = next((t for t, st in rate_pts if last_before is not None and st >= last_before), None)
+    regained = next(
+        (t for t, st in rate_pts if last_before is not None and st >= last_before), None
+    )
     return {
-        "job": jid, "status": job["status"], "reason": job["reason"], "attempts": job["attempt"],
-        "restarts": job["restarts"], "victim_node": victim_id, "killed_at_logged_step": seen_at_kill,
-        "kill_s": t_removed - t_kill, "killed_processes": killed,
+        "job": jid,
+        "status": job["status"],
+        "reason": job["reason"],
+        "attempts": job["attempt"],
+        "restarts": job["restarts"],
+        "victim_node": victim_id,
+        "killed_at_logged_step": seen_at_kill,
+        "kill_s": t_removed - t_kill,
+        "killed_processes": killed,
         "node_lost_s": node_lost["ts"] - t_kill if node_lost else None,
         "requeued_s": requeued["ts"] - t_kill if requeued else None,
         "requeue_message": requeued["message"] if requeued else None,
@@ -329,43 +362,62 @@ def failure_run(
         "first_step_seen_s": first_step[0] - t_kill if first_step else None,
         "first_step": first_step[1] if first_step else None,
         "regained_seen_s": regained - t_kill if regained else None,
-        "resumed_from": s, "last_checkpoint_before": max(ckpt1) if ckpt1 else None,
+        "resumed_from": s,
+        "last_checkpoint_before": max(ckpt1) if ckpt1 else None,
         "last_step_before": last_before,
         "work_lost_steps": last_before - s if (last_before is not None and s is not None) else None,
         "wall_s": job["finished_at"] - job["created_at"] if job["finished_at"] else None,
         "step_rate_after": step_rate(rate_pts),
         "hashes": final_hashes(client, job) if job["status"] == "SUCCEEDED" else {},
         "placements": [e["message"] for e in ev if e["to_status"] == "ADMITTED"],
-    }  # fmt: skip
+    }
 
 
 def report_node(clean: dict, fail: dict, steps: int, every: int) -> None:
     rate = clean["step_rate"] or fail["step_rate_after"]
-    lost_s = fail["work_lost_steps"] / rate if (rate and fail["work_lost_steps"] is not None) else None
+    lost_s = (
+        fail["work_lost_steps"] / rate if (rate and fail["work_lost_steps"] is not None) else None
+    )
     rows = [
         ["Ray/control plane: node dead (NodeLost event)", fmt(fail["node_lost_s"], ".2f", " s")],
         ["job requeued (attempt 1 ended node_lost)", fmt(fail["requeued_s"], ".2f", " s")],
         ["attempt 2 admitted (placed on healthy nodes)", fmt(fail["admitted_s"], ".2f", " s")],
         ["job RUNNING again (event)", fmt(fail["running_s"], ".2f", " s")],
         ["'resumed from step S' seen by the client", fmt(fail["resumed_seen_s"], ".2f", " s")],
-        ["first step after the resume seen by the client", fmt(fail["first_step_seen_s"], ".2f", " s")],
-        [f"back at the last step logged before the kill ({fmt(fail['last_step_before'], 'd')})",
-         fmt(fail["regained_seen_s"], ".2f", " s")],
+        [
+            "first step after the resume seen by the client",
+            fmt(fail["first_step_seen_s"], ".2f", " s"),
+        ],
+        [
+            f"back at the last step logged before the kill ({fmt(fail['last_step_before'], 'd')})",
+            fmt(fail["regained_seen_s"], ".2f", " s"),
+        ],
     ]
-    table("node death -> recovery, seconds after the kill (client and control-plane clocks: "
-          "one machine)", ["milestone", "after kill"], rows)  # fmt: skip
+    table(
+        "node death -> recovery, seconds after the kill (client and control-plane clocks: "
+        "one machine)",
+        ["milestone", "after kill"],
+        rows,
+    )
     if fail["running_message"]:
-        print(f"control plane's own figure: \"{fail['running_message']}\"")
+        print(f'control plane\'s own figure: "{fail["running_message"]}"')
     rows = [
         ["steps / checkpoint every", f"{steps} / {every}"],
         ["last checkpoint saved before the kill", fmt(fail["last_checkpoint_before"], "d")],
         ["last step logged before the kill (every 10)", fmt(fail["last_step_before"], "d")],
         ["resumed from step S", fmt(fail["resumed_from"], "d")],
-        ["work lost", (f"{fmt(fail['work_lost_steps'], 'd')} steps = {fmt(lost_s, '.2f')} s"
-                       f" at {fmt(rate, '.0f')} steps/s")],
-        ["step rate clean / after resume",
-         f"{fmt(clean['step_rate'], '.0f')} / {fmt(fail['step_rate_after'], '.0f')} steps/s"],
-    ]  # fmt: skip
+        [
+            "work lost",
+            (
+                f"{fmt(fail['work_lost_steps'], 'd')} steps = {fmt(lost_s, '.2f')} s"
+                f" at {fmt(rate, '.0f')} steps/s"
+            ),
+        ],
+        [
+            "step rate clean / after resume",
+            f"{fmt(clean['step_rate'], '.0f')} / {fmt(fail['step_rate_after'], '.0f')} steps/s",
+        ],
+    ]
     table("work lost", ["", "value"], rows)
     f = fail
 
@@ -373,31 +425,59 @@ def report_node(clean: dict, fail: dict, steps: int, every: int) -> None:
         return fmt(f[b] - f[a] if f[a] is not None and f[b] is not None else None, ".2f", " s")
 
     rows = [
-        ["detection: kill -> attempt 1 ended node_lost, requeued", fmt(f["requeued_s"], ".2f", " s"), "-"],
-        ["relaunch: requeued -> RUNNING on healthy nodes", span("requeued_s", "running_s"),
-         fmt(clean["submit_to_running_s"], ".2f", " s (submit -> RUNNING)")],
-        ["start-up: RUNNING -> first step line seen (torch, gloo, checkpoint load)",
-         span("running_s", "first_step_seen_s"), fmt(clean["running_to_first_step_s"], ".2f", " s")],
-        ["replay: first step -> back at the pre-kill step", span("first_step_seen_s", "regained_seen_s"), "-"],
+        [
+            "detection: kill -> attempt 1 ended node_lost, requeued",
+            fmt(f["requeued_s"], ".2f", " s"),
+            "-",
+        ],
+        [
+            "relaunch: requeued -> RUNNING on healthy nodes",
+            span("requeued_s", "running_s"),
+            fmt(clean["submit_to_running_s"], ".2f", " s (submit -> RUNNING)"),
+        ],
+        [
+            "start-up: RUNNING -> first step line seen (torch, gloo, checkpoint load)",
+            span("running_s", "first_step_seen_s"),
+            fmt(clean["running_to_first_step_s"], ".2f", " s"),
+        ],
+        [
+            "replay: first step -> back at the pre-kill step",
+            span("first_step_seen_s", "regained_seen_s"),
+            "-",
+        ],
         ["total: kill -> back at the pre-kill step", fmt(f["regained_seen_s"], ".2f", " s"), "-"],
-    ]  # fmt: skip
+    ]
     table("where the recovery time goes", ["phase", "node killed", "clean run"], rows)
     fh, ch = fail["hashes"], clean["hashes"]
     same_ranks = len(set(fh.values())) == 1 and len(fh) == 2
     same_clean = same_ranks and set(fh.values()) == set(ch.values())
     cost = fail["wall_s"] - clean["wall_s"] if (fail["wall_s"] and clean["wall_s"]) else None
     rows = [
-        ["clean run", clean["status"], str(clean["attempts"]), fmt(clean["wall_s"], ".1f", " s"),
-         (next(iter(ch.values()))[:12] if ch else "-")],
-        ["node killed", f"{fail['status']} ({fail['reason']})", str(fail["attempts"]),
-         fmt(fail["wall_s"], ".1f", " s"), (next(iter(fh.values()))[:12] if fh else "-")],
-    ]  # fmt: skip
+        [
+            "clean run",
+            clean["status"],
+            str(clean["attempts"]),
+            fmt(clean["wall_s"], ".1f", " s"),
+            (next(iter(ch.values()))[:12] if ch else "-"),
+        ],
+        [
+            "node killed",
+            f"{fail['status']} ({fail['reason']})",
+            str(fail["attempts"]),
+            fmt(fail["wall_s"], ".1f", " s"),
+            (next(iter(fh.values()))[:12] if fh else "-"),
+        ],
+    ]
     table("outcome", ["run", "status", "attempts", "submit->end", "params_sha256"], rows)
-    print(f"\nfailure cost = failed-run time - clean-run time = {fmt(cost, '.1f', ' s')}"
-          f"  ({fmt(fail['wall_s'] / clean['wall_s'] if cost is not None else None, '.2f', 'x')})")
-    print(f"failure cost = kill -> back at the pre-kill step = {fmt(fail['regained_seen_s'], '.1f', ' s')}"
-          "  (the delay the failure put on the job; the line above also carries the noise of "
-          "two runs on a shared machine)")  # fmt: skip
+    print(
+        f"\nfailure cost = failed-run time - clean-run time = {fmt(cost, '.1f', ' s')}"
+        f"  ({fmt(fail['wall_s'] / clean['wall_s'] if cost is not None else None, '.2f', 'x')})"
+    )
+    print(
+        f"failure cost = kill -> back at the pre-kill step = {fmt(fail['regained_seen_s'], '.1f', ' s')}"
+        "  (the delay the failure put on the job; the line above also carries the noise of "
+        "two runs on a shared machine)"
+    )
     print(f"params hash: ranks equal {same_ranks}; equal to the clean run {same_clean}")
     print(f"requeue event: {fail['requeue_message']!r}")
 
@@ -407,10 +487,14 @@ def report_node(clean: dict, fail: dict, steps: int, every: int) -> None:
 
 def service_spec(name: str, replicas: int) -> dict:
     return {
-        "kind": "service", "name": name, "model": "sim-model", "engine": "simulated",
-        "resources": {"cpus": 0.5}, "replicas": {"min": replicas, "max": replicas},
+        "kind": "service",
+        "name": name,
+        "model": "sim-model",
+        "engine": "simulated",
+        "resources": {"cpus": 0.5},
+        "replicas": {"min": replicas, "max": replicas},
         "readiness_timeout_s": 120,
-    }  # fmt: skip
+    }
 
 
 async def load(url: str, token: str, model: str, n: int, conc: int, kill=None) -> dict:
@@ -451,8 +535,11 @@ def engine_pid(replica: dict) -> int:
     import psutil
 
     port = int(replica["url"].rsplit(":", 1)[1])
-    pids = [c.pid for c in psutil.net_connections("tcp")
-            if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid]  # fmt: skip
+    pids = [
+        c.pid
+        for c in psutil.net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid
+    ]
     if not pids:
         raise BenchError(f"no process listens on replica {replica['id'][:8]}'s port {port}")
     return pids[0]
@@ -463,8 +550,9 @@ def gateway_outcomes(cp, service: str) -> dict[tuple[str, str], float]:
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(cp.url + "/metrics", headers={"Authorization": f"Bearer {cp.admin_token}"},
-                     timeout=30).text  # fmt: skip
+    text = httpx.get(
+        cp.url + "/metrics", headers={"Authorization": f"Bearer {cp.admin_token}"}, timeout=30
+    ).text
     out: dict[tuple[str, str], float] = {}
     for fam in text_string_to_metric_families(text):
         if fam.name != "aicluster_gateway_requests":
@@ -481,8 +569,12 @@ def replica_run(client, cp, name: str, n: int, conc: int) -> dict:
 
     client.deploy(service_spec(name, 3))
     t0 = time.time()
-    wait_for(lambda: client.service(name)["ready"] == 3, timeout=180, interval=0.25,
-             what="3 ready replicas")  # fmt: skip
+    wait_for(
+        lambda: client.service(name)["ready"] == 3,
+        timeout=180,
+        interval=0.25,
+        what="3 ready replicas",
+    )
     log(f"3 replicas READY after {time.time() - t0:.1f}s")
     token = cp.admin_token
 
@@ -491,7 +583,9 @@ def replica_run(client, cp, name: str, n: int, conc: int) -> dict:
 
     run_warm = asyncio.run(load(cp.url, token, name, min(40, n), conc))
     if any(s != 200 for *_, s, _ in run_warm["results"]):
-        raise BenchError("warm-up requests failed: " + next(e for *_, s, e in run_warm["results"] if s != 200))
+        raise BenchError(
+            "warm-up requests failed: " + next(e for *_, s, e in run_warm["results"] if s != 200)
+        )
     base = run()
     log(f"baseline load: {n} requests in {base['wall_s']:.1f}s")
 
@@ -511,7 +605,11 @@ def replica_run(client, cp, name: str, n: int, conc: int) -> dict:
                 reps = []
             now = time.time()
             for r in reps:
-                if r["id"] == victim["id"] and r["status"] != "READY" and "victim_seen" not in watch:
+                if (
+                    r["id"] == victim["id"]
+                    and r["status"] != "READY"
+                    and "victim_seen" not in watch
+                ):
                     watch["victim_seen"], watch["victim"] = now, r
                 if r["id"] not in before_ids and r["status"] == "READY" and "new_seen" not in watch:
                     watch["new_seen"], watch["new"] = now, r
@@ -526,20 +624,34 @@ def replica_run(client, cp, name: str, n: int, conc: int) -> dict:
     counts_before = gateway_outcomes(cp, name)
     hit = run(kill)
     counts_after = gateway_outcomes(cp, name)
-    retried = {k: v - counts_before.get(k, 0) for k, v in counts_after.items()
-               if k[1] not in ("200", "400", "404") and v - counts_before.get(k, 0) > 0}  # fmt: skip
+    retried = {
+        k: v - counts_before.get(k, 0)
+        for k, v in counts_after.items()
+        if k[1] not in ("200", "400", "404") and v - counts_before.get(k, 0) > 0
+    }
     log(f"load with a kill: {n} requests in {hit['wall_s']:.1f}s; waiting for the replacement")
     t_kill = hit["kill_t"]
     try:
-        wait_for(lambda: "new_seen" in watch and "victim_seen" in watch, timeout=180, interval=0.2,
-                 what="the victim FAILED and a replacement READY")  # fmt: skip
+        wait_for(
+            lambda: "new_seen" in watch and "victim_seen" in watch,
+            timeout=180,
+            interval=0.2,
+            what="the victim FAILED and a replacement READY",
+        )
     finally:
         stop.set()
     final = client.service(name)
     client.delete_service(name)
-    return {"base": base, "hit": hit, "t_kill": t_kill, "victim": victim, "watch": watch,
-            "final_ready": final["ready"], "final_replicas": final["replicas"],
-            "failed_upstream_attempts": {f"{r} {c}": v for (r, c), v in retried.items()}}  # fmt: skip
+    return {
+        "base": base,
+        "hit": hit,
+        "t_kill": t_kill,
+        "victim": victim,
+        "watch": watch,
+        "final_ready": final["ready"],
+        "final_replicas": final["replicas"],
+        "failed_upstream_attempts": {f"{r} {c}": v for (r, c), v in retried.items()},
+    }
 
 
 def report_replica(r: dict, n: int, conc: int) -> None:
@@ -562,15 +674,28 @@ def report_replica(r: dict, n: int, conc: int) -> None:
     for label, rs in groups:
         ls = lat(rs)
         p50, p99 = pct(ls, 0.5), pct(ls, 0.99)
-        rows.append([label, str(len(rs)), str(sum(1 for x in rs if x[2] != 200)),
-                     fmt(p50, ".0f"), fmt(p99, ".0f"), fmt(max(ls) if ls else None, ".0f"),
-                     fmt(p50 / b50 if p50 and b50 else None, ".2f", "x"),
-                     fmt(p99 / b99 if p99 and b99 else None, ".2f", "x")])  # fmt: skip
-    table(f"replica killed (SIGKILL, engine process) under load: {n} requests, concurrency {conc}, "
-          f"3 replicas, max_tokens 16",
-          ["requests", "n", "failed", "p50 ms", "p99 ms", "max ms", "p50/base", "p99/base"], rows)  # fmt: skip
-    print("gateway upstream attempts that failed during the kill run (each retried on another "
-          f"replica when it failed before the first byte): {r['failed_upstream_attempts'] or 'none'}")
+        rows.append(
+            [
+                label,
+                str(len(rs)),
+                str(sum(1 for x in rs if x[2] != 200)),
+                fmt(p50, ".0f"),
+                fmt(p99, ".0f"),
+                fmt(max(ls) if ls else None, ".0f"),
+                fmt(p50 / b50 if p50 and b50 else None, ".2f", "x"),
+                fmt(p99 / b99 if p99 and b99 else None, ".2f", "x"),
+            ]
+        )
+    table(
+        f"replica killed (SIGKILL, engine process) under load: {n} requests, concurrency {conc}, "
+        f"3 replicas, max_tokens 16",
+        ["requests", "n", "failed", "p50 ms", "p99 ms", "max ms", "p50/base", "p99/base"],
+        rows,
+    )
+    print(
+        "gateway upstream attempts that failed during the kill run (each retried on another "
+        f"replica when it failed before the first byte): {r['failed_upstream_attempts'] or 'none'}"
+    )
     errors = [e for *_, s, e in hit if s != 200]
     if errors:
         print(f"first error: {errors[0]}")
@@ -579,34 +704,56 @@ def report_replica(r: dict, n: int, conc: int) -> None:
     victim = final.get(r["victim"]["id"], w.get("victim", {}))
     new = final.get(w.get("new", {}).get("id"), w.get("new", {}))
     rows = [
-        ["victim marked " + str(victim.get("status")) + " (server finished_at)",
-         fmt(victim["finished_at"] - t_kill if victim.get("finished_at") else None, ".2f", " s")],
-        ["victim not READY, seen by the client", fmt(w["victim_seen"] - t_kill if "victim_seen" in w else None, ".2f", " s")],
-        ["replacement READY (server ready_at)", fmt(new["ready_at"] - t_kill if new.get("ready_at") else None, ".2f", " s")],
-        ["replacement READY, seen by the client", fmt(w["new_seen"] - t_kill if "new_seen" in w else None, ".2f", " s")],
-        ["replacement created (server created_at)", fmt(new["created_at"] - t_kill if new.get("created_at") else None, ".2f", " s")],
-    ]  # fmt: skip
+        [
+            "victim marked " + str(victim.get("status")) + " (server finished_at)",
+            fmt(victim["finished_at"] - t_kill if victim.get("finished_at") else None, ".2f", " s"),
+        ],
+        [
+            "victim not READY, seen by the client",
+            fmt(w["victim_seen"] - t_kill if "victim_seen" in w else None, ".2f", " s"),
+        ],
+        [
+            "replacement READY (server ready_at)",
+            fmt(new["ready_at"] - t_kill if new.get("ready_at") else None, ".2f", " s"),
+        ],
+        [
+            "replacement READY, seen by the client",
+            fmt(w["new_seen"] - t_kill if "new_seen" in w else None, ".2f", " s"),
+        ],
+        [
+            "replacement created (server created_at)",
+            fmt(new["created_at"] - t_kill if new.get("created_at") else None, ".2f", " s"),
+        ],
+    ]
     table("replica death -> replacement, seconds after the kill", ["milestone", "after kill"], rows)
-    print(f"victim message: {victim.get('reason')!r} {victim.get('message')!r}; "
-          f"throughput baseline {len(base) / r['base']['wall_s']:.0f} req/s, "
-          f"kill run {len(hit) / r['hit']['wall_s']:.0f} req/s; ready at the end: {r['final_ready']}")
+    print(
+        f"victim message: {victim.get('reason')!r} {victim.get('message')!r}; "
+        f"throughput baseline {len(base) / r['base']['wall_s']:.0f} req/s, "
+        f"kill run {len(hit) / r['hit']['wall_s']:.0f} req/s; ready at the end: {r['final_ready']}"
+    )
 
 
 # --------------------------------------------------------------------------- main
 
 
 def start_cluster(workers: int = 3, fast_node_death: bool = True):
-    from harness import COMMON_NODE_ARGS, FAST_NODE_DEATH
     from ray.cluster_utils import Cluster
 
     from aicluster.engine.protocol import GPU_MODEL_LABEL, POOL_LABEL
 
+    from harness import COMMON_NODE_ARGS, FAST_NODE_DEATH
+
     cluster = Cluster(
-        initialize_head=True, connect=False,
-        head_node_args=dict(num_cpus=0, num_gpus=0, labels={POOL_LABEL: "system"},
-                            _system_config=FAST_NODE_DEATH if fast_node_death else {},
-                            **COMMON_NODE_ARGS),
-    )  # fmt: skip
+        initialize_head=True,
+        connect=False,
+        head_node_args=dict(
+            num_cpus=0,
+            num_gpus=0,
+            labels={POOL_LABEL: "system"},
+            _system_config=FAST_NODE_DEATH if fast_node_death else {},
+            **COMMON_NODE_ARGS,
+        ),
+    )
     for i in range(workers):
         labels = {POOL_LABEL: "gpu", GPU_MODEL_LABEL: GPU_MODEL, "rack": f"r{i}"}
         cluster.add_node(num_cpus=2, num_gpus=1, labels=labels, **COMMON_NODE_ARGS)
@@ -615,16 +762,21 @@ def start_cluster(workers: int = 3, fast_node_death: bool = True):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="shorter job and load")
     ap.add_argument("--only", choices=("jobs", "services"), help="run one part only")
     ap.add_argument("--steps", type=int, help="DDP steps (default 6000, quick 2500)")
     ap.add_argument("--checkpoint-every", type=int, help="default 500, quick 250")
     ap.add_argument("--requests", type=int, help="requests per load run (default 600, quick 240)")
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--default-health-checks", action="store_true",
-                    help="Ray's default node health checks (what `aicluster up` runs) instead of "
-                         "the tests' FAST_NODE_DEATH")  # fmt: skip
+    ap.add_argument(
+        "--default-health-checks",
+        action="store_true",
+        help="Ray's default node health checks (what `aicluster up` runs) instead of "
+        "the tests' FAST_NODE_DEATH",
+    )
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--deadline", type=int, default=900, help="hard bound on the whole run (s)")
     ap.add_argument("--keep", action="store_true", help="keep the temp home (logs) afterwards")
@@ -645,13 +797,15 @@ def main() -> int:
     signal.signal(signal.SIGALRM, on_alarm)
     signal.alarm(args.deadline)
 
-    from harness import ControlPlaneProc, free_port
-
     from aicluster.client.api import ApiError
     from aicluster.engine.raynode import kill_installation
 
-    print(f"recovery benchmark: home {home}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
-          f"node health checks: {'Ray defaults' if args.default_health_checks else 'FAST_NODE_DEATH'}")
+    from harness import ControlPlaneProc, free_port
+
+    print(
+        f"recovery benchmark: home {home}, load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
+        f"node health checks: {'Ray defaults' if args.default_health_checks else 'FAST_NODE_DEATH'}"
+    )
     cluster = cp = None
     submitted: list[str] = []  # job ids, for the scratch clean-up
     out: dict = {"quick": args.quick, "steps": steps, "checkpoint_every": every}
@@ -665,8 +819,13 @@ def main() -> int:
         client = cp.client()
         from harness import wait_for
 
-        wait_for(lambda: sum(1 for n in client.nodes() if n["alive"] and n["gpu_model"] == GPU_MODEL) == 3,
-                 timeout=60, what="3 GPU nodes in the control plane")  # fmt: skip
+        wait_for(
+            lambda: (
+                sum(1 for n in client.nodes() if n["alive"] and n["gpu_model"] == GPU_MODEL) == 3
+            ),
+            timeout=60,
+            what="3 GPU nodes in the control plane",
+        )
 
         if args.only in (None, "jobs"):
             work = home / "ddp-train"
@@ -677,21 +836,29 @@ def main() -> int:
             fail_yaml = write_job(work, f"ddp-fail-{tag}", steps, every)
             log(f"clean DDP run: {steps} steps, checkpoint every {every}")
             clean = clean_run(client, clean_yaml, timeout=300, submitted=submitted)
-            log(f"clean run {clean['status']} in {clean['wall_s']:.1f}s "
-                f"({fmt(clean['step_rate'], '.0f')} steps/s)")  # fmt: skip
+            log(
+                f"clean run {clean['status']} in {clean['wall_s']:.1f}s "
+                f"({fmt(clean['step_rate'], '.0f')} steps/s)"
+            )
             if clean["status"] != "SUCCEEDED":
                 raise BenchError(f"clean run {clean['status']}; see {home}/cp/logs")
             log("DDP run with rank 1's node killed")
-            fail = failure_run(client, cluster, fail_yaml, steps, every, timeout=300,
-                               submitted=submitted)
+            fail = failure_run(
+                client, cluster, fail_yaml, steps, every, timeout=300, submitted=submitted
+            )
             out["node_death"] = {"clean": clean, "failure": fail}
             report_node(clean, fail, steps, every)
 
         if args.only in (None, "services"):
-            log(f"service: 3 simulated replicas, {n_req} requests at concurrency {args.concurrency}")
+            log(
+                f"service: 3 simulated replicas, {n_req} requests at concurrency {args.concurrency}"
+            )
             rep = replica_run(client, cp, f"sim-{os.urandom(2).hex()}", n_req, args.concurrency)
             report_replica(rep, n_req, args.concurrency)
-            res = {k: rep[k] for k in ("t_kill", "victim", "watch", "final_ready", "failed_upstream_attempts")}
+            res = {
+                k: rep[k]
+                for k in ("t_kill", "victim", "watch", "final_ready", "failed_upstream_attempts")
+            }
             for k in ("base", "hit"):
                 res[k] = {"wall_s": rep[k]["wall_s"], "results": rep[k]["results"]}
             out["replica_death"] = res
@@ -700,8 +867,10 @@ def main() -> int:
             args.json.write_text(json.dumps(out, indent=1, default=str))
         return 0
     except (BenchError, TimeoutError, ApiError, DeadlineReached) as exc:
-        print(f"\nrecovery benchmark failed: {exc}\n(control plane log: {home}/cp/controlplane.log)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"\nrecovery benchmark failed: {exc}\n(control plane log: {home}/cp/controlplane.log)",
+            file=sys.stderr,
+        )
         args.keep = True
         return 1
     finally:

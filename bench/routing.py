@@ -59,8 +59,14 @@ POLICIES = (
     "prefix_cache",
 )
 WORKLOADS = ("shared_prefix", "multi_turn", "random")
-ENGINE = {"base_ttft_s": 0.02, "prefill_s_per_token": 0.0002, "decode_s_per_token": 0.02,
-          "max_concurrency": 4, "cache_capacity_tokens": 8192, "block_size": 16}  # fmt: skip
+ENGINE = {
+    "base_ttft_s": 0.02,
+    "prefill_s_per_token": 0.0002,
+    "decode_s_per_token": 0.02,
+    "max_concurrency": 4,
+    "cache_capacity_tokens": 8192,
+    "block_size": 16,
+}
 GROUPS, SYSTEM_WORDS = 12, 1000
 SESSION_CONTEXT, TURNS, TURN_WORDS = 300, 5, 30
 
@@ -90,16 +96,24 @@ def make_jobs(workload: str, n_requests: int, seed: int) -> list[Job]:
     out_len = lambda: rng.randint(4, 16)
     if workload == "shared_prefix":
         systems = [words(rng, SYSTEM_WORDS, f"group{g}") for g in range(GROUPS)]
-        return [Job(systems[rng.randrange(GROUPS)], [Turn(words(rng, 40, f"q{i}"), out_len())])
-                for i in range(n_requests)]  # fmt: skip
+        return [
+            Job(systems[rng.randrange(GROUPS)], [Turn(words(rng, 40, f"q{i}"), out_len())])
+            for i in range(n_requests)
+        ]
     if workload == "multi_turn":
-        return [Job(words(rng, SESSION_CONTEXT, f"session{s}"),
-                    [Turn(words(rng, TURN_WORDS, f"s{s}t{t}"), out_len()) for t in range(TURNS)],
-                    session=f"session-{s}")
-                for s in range(max(1, n_requests // TURNS))]  # fmt: skip
+        return [
+            Job(
+                words(rng, SESSION_CONTEXT, f"session{s}"),
+                [Turn(words(rng, TURN_WORDS, f"s{s}t{t}"), out_len()) for t in range(TURNS)],
+                session=f"session-{s}",
+            )
+            for s in range(max(1, n_requests // TURNS))
+        ]
     if workload == "random":
-        return [Job(words(rng, rng.randint(200, 1000), f"r{i}"), [Turn("go", out_len())])
-                for i in range(n_requests)]  # fmt: skip
+        return [
+            Job(words(rng, rng.randint(200, 1000), f"r{i}"), [Turn("go", out_len())])
+            for i in range(n_requests)
+        ]
     raise ValueError(workload)
 
 
@@ -123,18 +137,22 @@ class Result:
     why_not: str | None = None
 
 
-async def one_turn(
-    client, url, headers, messages, max_tokens, user, res: Result
-) -> str | None:
-    body = {"model": S.MODEL, "messages": messages, "max_tokens": max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+async def one_turn(client, url, headers, messages, max_tokens, user, res: Result) -> str | None:
+    body = {
+        "model": S.MODEL,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if user:
         body["user"] = user
     t0 = time.perf_counter()
     first, text = None, []
     try:
-        async with client.stream("POST", url + "/v1/chat/completions", json=body,
-                                 headers=headers) as r:  # fmt: skip
+        async with client.stream(
+            "POST", url + "/v1/chat/completions", json=body, headers=headers
+        ) as r:
             if r.status_code != 200:
                 res.errors += 1
                 res.last_error = f"HTTP {r.status_code}: {(await r.aread())[:120]!r}"
@@ -167,29 +185,24 @@ async def one_turn(
     return "".join(text)
 
 
-async def run_jobs(
-    url: str, headers: dict, jobs: list[Job], concurrency: int, res: Result
-):
+async def run_jobs(url: str, headers: dict, jobs: list[Job], concurrency: int, res: Result):
     queue: asyncio.Queue[Job] = asyncio.Queue()
     for j in jobs:
         queue.put_nowait(j)
-    limits = httpx.Limits(
-        max_connections=concurrency, max_keepalive_connections=concurrency
-    )
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async with httpx.AsyncClient(limits=limits, timeout=120.0) as client:
 
         async def worker() -> None:
             while not queue.empty():
                 job = queue.get_nowait()
-                hdr = dict(
-                    headers, **({"x-session-id": job.session} if job.session else {})
-                )
+                hdr = dict(headers, **({"x-session-id": job.session} if job.session else {}))
                 messages = [{"role": "system", "content": job.system}]
                 for turn in job.turns:
                     messages.append({"role": "user", "content": turn.user})
-                    answer = await one_turn(client, url, hdr, messages, turn.max_tokens,
-                                            job.session, res)  # fmt: skip
+                    answer = await one_turn(
+                        client, url, hdr, messages, turn.max_tokens, job.session, res
+                    )
                     if answer is None:
                         break
                     messages.append({"role": "assistant", "content": answer})
@@ -238,11 +251,7 @@ def run_one(name: str, kind: str, policy: str, gateway, jobs, args, n: int) -> R
 
 
 def fmt_ratio(x: float, base: float) -> str:
-    return (
-        f"{x / base:.2f}"
-        if base and not math.isnan(base) and not math.isnan(x)
-        else "-"
-    )
+    return f"{x / base:.2f}" if base and not math.isnan(base) and not math.isnan(x) else "-"
 
 
 def report(workload: str, results: list[Result], args) -> None:
@@ -260,19 +269,47 @@ def report(workload: str, results: list[Result], args) -> None:
             continue
         mean = sum(r.ttft) / len(r.ttft) if r.ttft else float("nan")
         p99, rps = S.pct(r.ttft, 0.99), r.done / r.wall_s
-        rows.append([
-            r.name, f"{mean * 1e3:.1f}", f"{p99 * 1e3:.1f}", f"{rps:.1f}",
-            f"{r.hit * 100:.1f}", f"{r.max_share:.2f}",
-            f"{r.engine_ttft * 1e3 * args.time_scale:.1f}", f"{r.cpu * 100:.0f}",
-            fmt_ratio(mean, rr_mean), fmt_ratio(p99, rr_p99), fmt_ratio(rps, rr_rps),
-            fmt_ratio(r.engine_ttft, rr_eng),
-            str(r.errors),
-        ])  # fmt: skip
-    print(f"\n[{workload}]  {results[0].done} requests/run, concurrency {args.concurrency}, "
-          f"time scale {args.time_scale}")  # fmt: skip
-    print(S.table(["policy", "TTFT mean ms", "TTFT p99 ms", "req/s", "cache hit %",
-                   "max share", "engine TTFT ms", "CPU %", "x rr mean", "x rr p99", "x rr req/s",
-                   "x rr engine", "errors"], rows))  # fmt: skip
+        rows.append(
+            [
+                r.name,
+                f"{mean * 1e3:.1f}",
+                f"{p99 * 1e3:.1f}",
+                f"{rps:.1f}",
+                f"{r.hit * 100:.1f}",
+                f"{r.max_share:.2f}",
+                f"{r.engine_ttft * 1e3 * args.time_scale:.1f}",
+                f"{r.cpu * 100:.0f}",
+                fmt_ratio(mean, rr_mean),
+                fmt_ratio(p99, rr_p99),
+                fmt_ratio(rps, rr_rps),
+                fmt_ratio(r.engine_ttft, rr_eng),
+                str(r.errors),
+            ]
+        )
+    print(
+        f"\n[{workload}]  {results[0].done} requests/run, concurrency {args.concurrency}, "
+        f"time scale {args.time_scale}"
+    )
+    print(
+        S.table(
+            [
+                "policy",
+                "TTFT mean ms",
+                "TTFT p99 ms",
+                "req/s",
+                "cache hit %",
+                "max share",
+                "engine TTFT ms",
+                "CPU %",
+                "x rr mean",
+                "x rr p99",
+                "x rr req/s",
+                "x rr engine",
+                "errors",
+            ],
+            rows,
+        )
+    )
     for r in results:
         if r.why_not is not None:
             print(f"  {r.name}: not run: {r.why_not}")
@@ -281,25 +318,22 @@ def report(workload: str, results: list[Result], args) -> None:
         elif r.usage_prompt:
             u = r.usage_cached / r.usage_prompt
             if abs(u - r.hit) > 0.01:
-                print(f"  {r.name}: usage cached_tokens say {u * 100:.1f}% (metrics {r.hit * 100:.1f}%)")  # fmt: skip
+                print(
+                    f"  {r.name}: usage cached_tokens say {u * 100:.1f}% (metrics {r.hit * 100:.1f}%)"
+                )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--requests", type=int, default=300, help="per workload and policy")
     ap.add_argument("--concurrency", type=int, default=20)
-    ap.add_argument(
-        "--time-scale", type=float, default=1.0, help="wall s per simulated s"
-    )
-    ap.add_argument(
-        "--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS
-    )
+    ap.add_argument("--time-scale", type=float, default=1.0, help="wall s per simulated s")
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument(
-        "--quick", action="store_true", help="100 requests per run, time scale 0.5"
-    )
+    ap.add_argument("--quick", action="store_true", help="100 requests per run, time scale 0.5")
     args = ap.parse_args()
     if args.quick:
         args.requests, args.time_scale = 100, 0.5
@@ -310,8 +344,10 @@ def main() -> None:
         gateway = S.start_gateway()
         runs = [(p, "gateway", p) for p in POLICIES]
         if not args.no_peers:
-            runs += [("sglang-router 0.3.2 cache_aware", "sglang", "cache_aware"),
-                     ("vllm-router 0.1.17 cache_aware", "vllm", "cache_aware")]  # fmt: skip
+            runs += [
+                ("sglang-router 0.3.2 cache_aware", "sglang", "cache_aware"),
+                ("vllm-router 0.1.17 cache_aware", "vllm", "cache_aware"),
+            ]
         n = 0
         for workload in args.workloads:
             jobs = make_jobs(workload, args.requests, args.seed)

@@ -51,7 +51,7 @@ from aicluster.sim import (
     simulate,
     summarise,
     team_cluster,
-)  # fmt: skip
+)
 
 UNITS = {"h": 3600.0, "s": 1.0}
 METRICS = [  # (column, Report attribute, is a time, format)
@@ -70,9 +70,7 @@ def ratio(value: float, base: float) -> str:
     return f"x{value / base:.2f}" if base else "-"
 
 
-def policy_table(
-    title: str, reports: dict, times: dict[str, float], unit: str = "h"
-) -> Table:
+def policy_table(title: str, reports: dict, times: dict[str, float], unit: str = "h") -> Table:
     t = Table(title=title)
     t.add_column("policy")
     for col, _, is_time, _ in METRICS:
@@ -85,9 +83,7 @@ def policy_table(
         for _, attr, is_time, fmt in METRICS:
             v = getattr(r, attr)
             cell = fmt.format(v / UNITS[unit] if is_time else v)
-            cells.append(
-                cell if name == "fifo" else f"{cell} ({ratio(v, getattr(base, attr))})"
-            )
+            cells.append(cell if name == "fifo" else f"{cell} ({ratio(v, getattr(base, attr))})")
         done = f"{r.finished}/{r.jobs}" + (f" rej {r.rejected}" if r.rejected else "")
         wall, cpu = times[name]
         cells += [str(r.preemptions), done, f"{wall:.1f} ({cpu:.1f})"]
@@ -140,26 +136,28 @@ def cycle_snapshot(n_nodes: int, n_gangs: int, seed: int = 1) -> Snapshot:
     for j in range(n_gangs):
         workers, per = rng.choice(sizes)
         pending.append(
-            GangRequest(f"g{j:05d}", rng.choice(teams), workers, Res(1.0, 0, per),
-                        submitted_at=float(j), priority=rng.choice([0, 0, 0, 1]))
-        )  # fmt: skip
+            GangRequest(
+                f"g{j:05d}",
+                rng.choice(teams),
+                workers,
+                Res(1.0, 0, per),
+                submitted_at=float(j),
+                priority=rng.choice([0, 0, 0, 1]),
+            )
+        )
     return Snapshot(tuple(nodes), tuple(pending), tuple(running), quotas)
 
 
 def bench_cycle(console: Console, n_nodes: int, n_gangs: int) -> None:
     snap = cycle_snapshot(n_nodes, n_gangs)
-    t = Table(
-        title=f"one planning cycle: {n_gangs:,} pending gangs, {n_nodes:,} nodes x 8 GPUs"
-    )
+    t = Table(title=f"one planning cycle: {n_gangs:,} pending gangs, {n_nodes:,} nodes x 8 GPUs")
     for col in ("policy", "admitted", "GPUs admitted", "cycle CPU s", "admissions/s"):
         t.add_column(col, justify="right")
     gangs = {g.workload_id: g for g in snap.pending}
     for name in POLICY_NAMES:
         best = float("inf")
         for _ in range(3):
-            policy = get_policy(
-                name
-            )  # fresh: no cache carried over from a previous cycle
+            policy = get_policy(name)  # fresh: no cache carried over from a previous cycle
             t0 = time.process_time()
             decisions = policy.plan(snap, 1000.0)
             best = min(best, time.process_time() - t0)
@@ -178,9 +176,7 @@ def bench_cycle(console: Console, n_nodes: int, n_gangs: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=Path, default=ROOT.parent / "shared" / "traces")
-    ap.add_argument(
-        "--philly-jobs", type=int, default=0, help="only the first N jobs (0: all)"
-    )
+    ap.add_argument("--philly-jobs", type=int, default=0, help="only the first N jobs (0: all)")
     ap.add_argument("--scale", type=float, default=0.25)
     ap.add_argument("--limit-factor", type=float, default=2.0)
     ap.add_argument("--cycle-nodes", type=int, default=1000)
@@ -195,9 +191,7 @@ def main() -> None:
         (16, "Tiresias spec, 16 x 4 GPUs"),
         (2, "contended, 2 x 4 GPUs"),
     ):
-        reports, times = run_policies(
-            jobs60, shared_cluster(nodes, 4), POLICY_NAMES, cfg
-        )
+        reports, times = run_policies(jobs60, shared_cluster(nodes, 4), POLICY_NAMES, cfg)
         title = f"60_job.csv on {label} (one shared partition), times in seconds"
         console.print(policy_table(title, reports, times, unit="s"))
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from aicluster.engine.rayenv import apply_ray_env, ray_env  # noqa: E402
+from aicluster.engine.rayenv import apply_ray_env, ray_env
 
 POLL_S = 0.005
 
@@ -32,10 +32,10 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--jobs", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args()
@@ -50,17 +50,39 @@ def main() -> None:
     env.update(ray_env(home))
     ray_bin = str(Path(sys.executable).parent / "ray")
     subprocess.run(
-        [ray_bin, "start", "--head", f"--port={ray_port}", "--node-ip-address=127.0.0.1",
-         "--num-cpus=8", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dash_port}", f"--temp-dir={env['RAY_TMPDIR']}",
-         "--disable-usage-stats"],
-        env=env, check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            ray_bin,
+            "start",
+            "--head",
+            f"--port={ray_port}",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=8",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dash_port}",
+            f"--temp-dir={env['RAY_TMPDIR']}",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     cp = subprocess.Popen(
-        [sys.executable, "-m", "aicluster.api.server", "--home", str(home),
-         "--ray-address", f"127.0.0.1:{ray_port}", "--port", str(api_port)],
-        env=env, stdout=open(home / "cp.log", "wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "aicluster.api.server",
+            "--home",
+            str(home),
+            "--ray-address",
+            f"127.0.0.1:{ray_port}",
+            "--port",
+            str(api_port),
+        ],
+        env=env,
+        stdout=open(home / "cp.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         ours, theirs = run(home, api_port, dash_port, args.jobs, args.warmup, Client)
     finally:
@@ -110,7 +132,11 @@ def run(home: Path, api_port: int, dash_port: int, n: int, warmup: int, Client):
     def theirs_once() -> float:
         t0 = time.perf_counter()
         sid = ray_jobs.submit_job(entrypoint="sleep 0.3")
-        while ray_jobs.get_job_status(sid) not in (JobStatus.RUNNING, JobStatus.SUCCEEDED, JobStatus.FAILED):
+        while ray_jobs.get_job_status(sid) not in (
+            JobStatus.RUNNING,
+            JobStatus.SUCCEEDED,
+            JobStatus.FAILED,
+        ):
             time.sleep(POLL_S)
         dt = time.perf_counter() - t0
         while not ray_jobs.get_job_status(sid).is_terminal():
@@ -131,10 +157,12 @@ def report(ours: list[float], theirs: list[float]) -> None:
     print(f"\nsubmit -> RUNNING latency, {len(ours)} one-worker jobs each, warm cluster\n")
     print(f"{'system':40} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9}")
     for name, xs in rows:
-        print(f"{name:40} {pct(xs, .5)*1e3:9.1f} {pct(xs, .99)*1e3:9.1f} {statistics.mean(xs)*1e3:9.1f}")
+        print(
+            f"{name:40} {pct(xs, 0.5) * 1e3:9.1f} {pct(xs, 0.99) * 1e3:9.1f} {statistics.mean(xs) * 1e3:9.1f}"
+        )
     print(
-        f"\nratio aicluster / ray:  p50 {pct(ours, .5) / pct(theirs, .5):.2f}x   "
-        f"p99 {pct(ours, .99) / pct(theirs, .99):.2f}x   (below 1 means aicluster is faster)"
+        f"\nratio aicluster / ray:  p50 {pct(ours, 0.5) / pct(theirs, 0.5):.2f}x   "
+        f"p99 {pct(ours, 0.99) / pct(theirs, 0.99):.2f}x   (below 1 means aicluster is faster)"
     )
 
 

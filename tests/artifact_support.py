@@ -50,9 +50,12 @@ def new_bucket(s3: dict) -> str:
 
     name = f"aic-{uuid.uuid4().hex[:12]}"
     boto3.client(
-        "s3", endpoint_url=s3["endpoint_url"], region_name="us-east-1",
-        aws_access_key_id="testing", aws_secret_access_key="testing-secret",
-    ).create_bucket(Bucket=name)  # fmt: skip
+        "s3",
+        endpoint_url=s3["endpoint_url"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing-secret",
+    ).create_bucket(Bucket=name)
     return name
 
 
@@ -63,9 +66,10 @@ def storage(request, tmp_path) -> StorageConfig:
         return StorageConfig(url=str(tmp_path / "blobs"))
     s3 = request.getfixturevalue("s3_server")
     return StorageConfig(
-        url=f"s3://{new_bucket(s3)}/artifacts", endpoint_url=s3["endpoint_url"],
+        url=f"s3://{new_bucket(s3)}/artifacts",
+        endpoint_url=s3["endpoint_url"],
         credentials_file=s3["credentials_file"],
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture

@@ -44,6 +44,7 @@ def main(argv: list[str]) -> None:
         where = {e.sha256: p for e, p in scanned}
         n = 0
         for digest in missing:
+
             def chunks(path=where[digest]):
                 nonlocal n
                 with open(path, "rb") as f:
@@ -52,6 +53,7 @@ def main(argv: list[str]) -> None:
                         print(f"chunk {n}", flush=True)
                         time.sleep(slow)
                         yield data
+
             arts.put_blob(up.id, digest, chunks())
         print(f"version {arts.commit(up.id).version}", flush=True)
     elif cmd == "materialise":

@@ -52,9 +52,12 @@ def start_cluster(ray_home: Path):
         initialize_head=True,
         connect=False,
         head_node_args=dict(
-            num_cpus=0, num_gpus=0, labels={POOL_LABEL: "system"},
-            _system_config=FAST_NODE_DEATH, **common,
-        ),  # fmt: skip
+            num_cpus=0,
+            num_gpus=0,
+            labels={POOL_LABEL: "system"},
+            _system_config=FAST_NODE_DEATH,
+            **common,
+        ),
     )
     nodes = []
     for rack in ("r1", "r2"):
@@ -85,11 +88,23 @@ class ControlPlaneProc:
         self.home.mkdir(parents=True, exist_ok=True)
         log = open(self.home / "controlplane.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "aicluster.api.server", "--home", str(self.home),
-             "--ray-address", self.ray_address, "--port", str(self.port),
-             *(["--shared-path", str(self.shared)] if self.shared else [])],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "aicluster.api.server",
+                "--home",
+                str(self.home),
+                "--ray-address",
+                self.ray_address,
+                "--port",
+                str(self.port),
+                *(["--shared-path", str(self.shared)] if self.shared else []),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         client = Client(self.url, None, timeout=5)
 
         def healthy():

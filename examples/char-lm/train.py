@@ -52,7 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--threads", type=int, default=1,
+        "--threads",
+        type=int,
+        default=1,
         help="torch threads (default 1: no oversubscription on a shared node; 0: torch's own)",
     )
     p.add_argument("--log-every", type=int, default=50)
@@ -106,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     split = int(len(data) * 0.9)
     train, held = data[:split], data[split:]
     if len(train) <= args.block_size + 1:
-        print(f"train.py: error: corpus too small for --block-size {args.block_size}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"train.py: error: corpus too small for --block-size {args.block_size}", file=sys.stderr
+        )
         return 2
     cfg = CharLMConfig(
         vocab=tok.vocab,

@@ -64,20 +64,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="DDP training example with checkpoint/resume for aicluster."
     )
-    parser.add_argument("--steps", type=int, default=200,
-                        help="total optimizer steps to reach (default 200)")
-    parser.add_argument("--batch-size", type=int, default=32,
-                        help="per-worker batch size (default 32)")
-    parser.add_argument("--lr", type=float, default=0.05,
-                        help="SGD learning rate (default 0.05)")
-    parser.add_argument("--checkpoint-every", type=int, default=50,
-                        help="save a checkpoint every N steps (default 50)")
-    parser.add_argument("--checkpoint-dir",
-                        default=os.environ.get("AICLUSTER_CHECKPOINT_DIR") or "./checkpoints",
-                        help="checkpoint folder (default $AICLUSTER_CHECKPOINT_DIR, "
-                             "else ./checkpoints)")
-    parser.add_argument("--seed", type=int, default=1234,
-                        help="seed for data, model init and data order (default 1234)")
+    parser.add_argument(
+        "--steps", type=int, default=200, help="total optimizer steps to reach (default 200)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="per-worker batch size (default 32)"
+    )
+    parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=50,
+        help="save a checkpoint every N steps (default 50)",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=os.environ.get("AICLUSTER_CHECKPOINT_DIR") or "./checkpoints",
+        help="checkpoint folder (default $AICLUSTER_CHECKPOINT_DIR, else ./checkpoints)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=1234,
+        help="seed for data, model init and data order (default 1234)",
+    )
     args = parser.parse_args(argv)
 
     if args.steps < 1:
@@ -174,8 +184,9 @@ class Dist:
         if not self.distributed:
             return value
         box = [value]
-        dist.broadcast_object_list(box, src=0,
-                                   device=self.device if self.backend == "nccl" else None)
+        dist.broadcast_object_list(
+            box, src=0, device=self.device if self.backend == "nccl" else None
+        )
         return box[0]
 
     def close(self) -> None:
@@ -251,17 +262,23 @@ def artifact_checkpoints():
     return checkpoint
 
 
-def save_checkpoint(folder: str, step: int, model: nn.Module,
-                    optimizer: torch.optim.Optimizer, meta: dict) -> str:
+def save_checkpoint(
+    folder: str, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict
+) -> str:
     os.makedirs(folder, exist_ok=True)
     final = os.path.join(folder, f"ckpt-{step:08d}.pt")
     fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as fh:
-            torch.save({"step": step,
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        **meta}, fh)
+            torch.save(
+                {
+                    "step": step,
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    **meta,
+                },
+                fh,
+            )
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, final)
@@ -303,11 +320,15 @@ def main(argv: list[str] | None = None) -> int:
 def train(args: argparse.Namespace, env: Dist, ckpt_dir: str) -> int:
     per_rank = NUM_SAMPLES // env.world_size
     if args.batch_size > per_rank:
-        fail(f"--batch-size {args.batch_size} is larger than the {per_rank} samples "
-             f"each of the {env.world_size} workers gets")
+        fail(
+            f"--batch-size {args.batch_size} is larger than the {per_rank} samples "
+            f"each of the {env.world_size} workers gets"
+        )
 
-    say(f"rank {env.rank}/{env.world_size} backend {env.backend} device {env.device} "
-        f"checkpoint_dir {ckpt_dir}")
+    say(
+        f"rank {env.rank}/{env.world_size} backend {env.backend} device {env.device} "
+        f"checkpoint_dir {ckpt_dir}"
+    )
 
     torch.manual_seed(args.seed)
     x_all, y_all = make_dataset(args.seed)
@@ -330,39 +351,58 @@ def train(args: argparse.Namespace, env: Dist, ckpt_dir: str) -> int:
     if start_step > 0:
         path = os.path.join(ckpt_dir_in, f"ckpt-{start_step:08d}.pt")
         if not os.path.exists(path):
-            fail(f"rank {env.rank} cannot see checkpoint {path} chosen by rank 0 "
-                 f"(is --checkpoint-dir on storage shared by all workers?)", code=1)
+            fail(
+                f"rank {env.rank} cannot see checkpoint {path} chosen by rank 0 "
+                f"(is --checkpoint-dir on storage shared by all workers?)",
+                code=1,
+            )
         state = torch.load(path, map_location="cpu", weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         if int(state["step"]) != start_step:
             fail(f"checkpoint {path} says step {state['step']}, expected {start_step}", code=1)
         if state.get("seed", args.seed) != args.seed:
-            print(f"warning: checkpoint was made with --seed {state['seed']}, "
-                  f"now --seed {args.seed}", file=sys.stderr, flush=True)
+            print(
+                f"warning: checkpoint was made with --seed {state['seed']}, now --seed {args.seed}",
+                file=sys.stderr,
+                flush=True,
+            )
         if state.get("world_size", env.world_size) != env.world_size:
-            print(f"warning: checkpoint was made with {state['world_size']} workers, "
-                  f"now {env.world_size}; the data split changes", file=sys.stderr, flush=True)
+            print(
+                f"warning: checkpoint was made with {state['world_size']} workers, "
+                f"now {env.world_size}; the data split changes",
+                file=sys.stderr,
+                flush=True,
+            )
         say(f"resumed from step {start_step}")
     env.barrier()  # nobody writes or prunes checkpoints while others still load
 
     if start_step >= args.steps:
-        say(f"checkpoint step {start_step} already reaches --steps {args.steps}; "
-            f"nothing to train")
+        say(f"checkpoint step {start_step} already reaches --steps {args.steps}; nothing to train")
         say(f"final step {start_step} rank {env.rank} params_sha256 {params_sha256(model)}")
         return 0
 
     ddp_model: nn.Module = model
     if env.distributed:
         ddp_model = DistributedDataParallel(
-            model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+            model, device_ids=[env.device.index] if env.device.type == "cuda" else None
+        )
 
-    sampler = DistributedSampler(range(NUM_SAMPLES), num_replicas=env.world_size,
-                                 rank=env.rank, shuffle=True, seed=args.seed,
-                                 drop_last=True)
+    sampler = DistributedSampler(
+        range(NUM_SAMPLES),
+        num_replicas=env.world_size,
+        rank=env.rank,
+        shuffle=True,
+        seed=args.seed,
+        drop_last=True,
+    )
     batches_per_epoch = len(sampler) // args.batch_size
-    meta = {"seed": args.seed, "world_size": env.world_size,
-            "batch_size": args.batch_size, "lr": args.lr}
+    meta = {
+        "seed": args.seed,
+        "world_size": env.world_size,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+    }
 
     step = start_step
     epoch, order = -1, None
@@ -376,7 +416,7 @@ def train(args: argparse.Namespace, env: Dist, ckpt_dir: str) -> int:
             epoch = want_epoch
             sampler.set_epoch(epoch)
             order = torch.tensor(list(iter(sampler)), dtype=torch.long, device=env.device)
-        idx = order[b * args.batch_size:(b + 1) * args.batch_size]
+        idx = order[b * args.batch_size : (b + 1) * args.batch_size]
 
         optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(ddp_model(x_all[idx]), y_all[idx])

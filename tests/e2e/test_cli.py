@@ -16,8 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from aicluster.engine.raynode import installation_processes
 from aicluster.engine.rayenv import ray_temp_dir
+from aicluster.engine.raynode import installation_processes
+
 from harness import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,11 +33,17 @@ def cli_env(home: Path) -> dict:
 
 def run(home: Path, *args: str, check: bool = True, timeout: float = 240):
     proc = subprocess.run(
-        AICLUSTER + list(args), env=cli_env(home), cwd=ROOT, capture_output=True, text=True,
+        AICLUSTER + list(args),
+        env=cli_env(home),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
         timeout=timeout,
-    )  # fmt: skip
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"aicluster {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"aicluster {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 
@@ -58,9 +65,23 @@ def test_join_adds_a_labelled_node(platform):
     home, worker_home, up_out = platform
     ray_address = re.search(r"Ray head:\s+(\S+)", up_out).group(1)
     token_file = home / "ray" / "auth_token"
-    run(worker_home, "join", ray_address, "--pool", "p2", "--label", "rack=r1",
-        "--num-cpus", "2", "--num-gpus", "1", "--gpu-model", "L4",
-        "--ray-token-file", str(token_file))  # fmt: skip
+    run(
+        worker_home,
+        "join",
+        ray_address,
+        "--pool",
+        "p2",
+        "--label",
+        "rack=r1",
+        "--num-cpus",
+        "2",
+        "--num-gpus",
+        "1",
+        "--gpu-model",
+        "L4",
+        "--ray-token-file",
+        str(token_file),
+    )
     nodes = json.loads(run(home, "nodes", "-o", "json").stdout)
     assert len(nodes) == 2
     joined = next(n for n in nodes if n["pool"] == "p2")
@@ -128,6 +149,7 @@ def test_deploy_a_service_and_call_it_with_openai(platform):
     import openai
 
     from aicluster.client.api import Client
+
     from harness import wait_for
 
     home = platform[0]
@@ -176,10 +198,13 @@ def _cmdlines() -> list[str]:
 
 @pytest.mark.parametrize(
     "args,named",
-    [(("up", "--pool", "Bad Pool"), "--pool"), (("up", "--label", "rack=r1\x1b[31m"), "--label"),
-     (("join", "127.0.0.1:1", "--pool", "p\nFAKE"), "--pool"),
-     (("join", "127.0.0.1:1", "--gpu-model", "H100\x07"), "--gpu-model")],
-)  # fmt: skip
+    [
+        (("up", "--pool", "Bad Pool"), "--pool"),
+        (("up", "--label", "rack=r1\x1b[31m"), "--label"),
+        (("join", "127.0.0.1:1", "--pool", "p\nFAKE"), "--pool"),
+        (("join", "127.0.0.1:1", "--gpu-model", "H100\x07"), "--gpu-model"),
+    ],
+)
 def test_bad_pool_label_and_gpu_model_are_refused_before_anything_is_written(tmp_path, args, named):
     home = tmp_path / "h"
     proc = run(home, *args, check=False, timeout=60)

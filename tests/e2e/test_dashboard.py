@@ -27,8 +27,15 @@ sync_api = pytest.importorskip(
 )
 expect = sync_api.expect
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 HELLO_CMD = (
     "echo hello from rank $RANK; echo '<b>not bold</b>'; "
     "for i in 1 2 3; do echo rank $RANK step $i; sleep 0.3; done; echo done rank $RANK"
@@ -41,14 +48,25 @@ SET_HIDDEN = """hidden => {
 
 
 def job_spec(name: str, command: str, workers: int = 1, gpus: int = 0) -> dict:
-    return {"kind": "job", "name": name, "workers": workers,
-            "resources": {"cpus": 1, "gpus": gpus}, "command": command}  # fmt: skip
+    return {
+        "kind": "job",
+        "name": name,
+        "workers": workers,
+        "resources": {"cpus": 1, "gpus": gpus},
+        "command": command,
+    }
 
 
 def sim_service(name: str, replicas: int) -> dict:
-    return {"kind": "service", "name": name, "model": "sim-model", "engine": "simulated",
-            "resources": {"cpus": 0.5}, "replicas": {"min": replicas, "max": replicas + 1},
-            "readiness_timeout_s": 60}  # fmt: skip
+    return {
+        "kind": "service",
+        "name": name,
+        "model": "sim-model",
+        "engine": "simulated",
+        "resources": {"cpus": 0.5},
+        "replicas": {"min": replicas, "max": replicas + 1},
+        "readiness_timeout_s": 60,
+    }
 
 
 def is_up(node: dict) -> bool:
@@ -93,8 +111,14 @@ def page(browser):
     pg.set_default_timeout(20_000)
     problems: list[str] = []
     pg.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
-    pg.on("console", lambda m: m.type == "error" and "Failed to load resource" not in m.text
-          and problems.append(f"console: {m.text}"))  # fmt: skip
+    pg.on(
+        "console",
+        lambda m: (
+            m.type == "error"
+            and "Failed to load resource" not in m.text
+            and problems.append(f"console: {m.text}")
+        ),
+    )
     yield pg
     ctx.close()
     assert not problems, problems
@@ -148,10 +172,16 @@ def test_overview_numbers_match_the_api(page, dashboard_cp, dashboard_admin, scr
     down = sum(n["gpus"] for n in nodes if not is_up(n))
     allocated = sum(min(n["gpus"], n["allocated"]["gpus"]) for n in up)
     expect(page.get_by_test_id("node-row")).to_have_count(len(nodes))
-    stats = {"stat-nodes-total": len(nodes), "stat-nodes-up": len(up), "stat-gpus-total": total,
-             "stat-gpus-allocated": allocated, "stat-gpus-free": total - allocated - down,
-             "stat-gpus-down": down, "stat-pools": len({n["pool"] for n in nodes}),
-             "stat-cpus-total": sum(n["cpus"] for n in up)}  # fmt: skip
+    stats = {
+        "stat-nodes-total": len(nodes),
+        "stat-nodes-up": len(up),
+        "stat-gpus-total": total,
+        "stat-gpus-allocated": allocated,
+        "stat-gpus-free": total - allocated - down,
+        "stat-gpus-down": down,
+        "stat-pools": len({n["pool"] for n in nodes}),
+        "stat-cpus-total": sum(n["cpus"] for n in up),
+    }
     for testid, value in stats.items():
         expect(page.get_by_test_id(testid)).to_have_text(num(value))
     assert total > 0, "the test cluster declares GPU nodes"
@@ -217,8 +247,11 @@ def test_queue_shows_pending_jobs_with_their_wait_reason(
 ):
     job = dashboard_admin.submit(job_spec("dash-too-big", "true", gpus=8))
     try:
-        pending = wait_for(lambda: (j := dashboard_admin.job(job["id"]))["message"] and j,
-                           timeout=30, what="a wait reason")  # fmt: skip
+        pending = wait_for(
+            lambda: (j := dashboard_admin.job(job["id"]))["message"] and j,
+            timeout=30,
+            what="a wait reason",
+        )
         assert pending["status"] == "PENDING"
         open_view(page, dashboard_cp, "queue")
         team = page.locator('[data-testid="queue-team"][data-team="default"]')
@@ -239,8 +272,9 @@ def test_service_shows_its_ready_replicas(page, dashboard_cp, dashboard_admin, s
         open_view(page, dashboard_cp, "services")
         card = page.locator('[data-testid="service-card"][data-service="dash-chat"]')
         expect(card.get_by_test_id("service-ready")).to_have_text("2", timeout=90_000)
-        ready = [r for r in dashboard_admin.service("dash-chat")["replicas"]
-                 if r["status"] == "READY"]  # fmt: skip
+        ready = [
+            r for r in dashboard_admin.service("dash-chat")["replicas"] if r["status"] == "READY"
+        ]
         assert len(ready) == 2
         for r in ready:
             rep = card.locator(f'[data-testid="replica-row"][data-replica-id="{r["id"]}"]')

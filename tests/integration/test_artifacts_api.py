@@ -10,12 +10,13 @@ import json
 import os
 
 import pytest
-from artifact_support import make_tree, read_tree
 from typer.testing import CliRunner
 
 from aicluster.cli.main import app
 from aicluster.client import artifacts as arts
 from aicluster.client.api import ApiError
+
+from artifact_support import make_tree, read_tree
 
 
 @pytest.fixture(scope="module")
@@ -31,20 +32,28 @@ def users(admin):
 
 
 def cli(control_plane, token, *args):
-    res = CliRunner().invoke(app, ["artifacts", *args, "--url", control_plane.url, "--token", token])
+    res = CliRunner().invoke(
+        app, ["artifacts", *args, "--url", control_plane.url, "--token", token]
+    )
     return res.exit_code, res.stdout, res.stderr
 
 
 def test_cli_push_pull_round_trip(control_plane, users, tmp_path):
-    files = {"weights/a.bin": os.urandom(3 << 20), "weights/b.bin": os.urandom(1000),
-             "copy-of-b.bin": b"", "config.json": b'{"layers": 2}'}  # fmt: skip
+    files = {
+        "weights/a.bin": os.urandom(3 << 20),
+        "weights/b.bin": os.urandom(1000),
+        "copy-of-b.bin": b"",
+        "config.json": b'{"layers": 2}',
+    }
     files["copy-of-b.bin"] = files["weights/b.bin"]
     src = make_tree(tmp_path / "model", files)
     code, out, err = cli(control_plane, users["a"], "push", str(src), "llm", "-o", "json")
     assert code == 0, err
     v = json.loads(out)
     assert (v["ref"], v["file_count"], v["tags"]) == ("art-a/llm:1", 4, ["latest"])
-    code, out, err = cli(control_plane, users["a"], "pull", "art-a/llm:latest", str(tmp_path / "out"))
+    code, out, err = cli(
+        control_plane, users["a"], "pull", "art-a/llm:latest", str(tmp_path / "out")
+    )
     assert code == 0, err
     assert read_tree(tmp_path / "out") == files
     code, out, _ = cli(control_plane, users["a"], "describe", "llm:1", "-o", "json")
@@ -86,8 +95,11 @@ def test_resume_sends_only_missing_blobs(control_plane, users, tmp_path):
     from aicluster.artifacts import scan_folder
 
     scanned = scan_folder(src)
-    up = c.request_json("POST", "/v1/artifacts/uploads", json={
-        "name": "data", "kind": "dataset", "files": [e.__dict__ for e, _ in scanned]})  # fmt: skip
+    up = c.request_json(
+        "POST",
+        "/v1/artifacts/uploads",
+        json={"name": "data", "kind": "dataset", "files": [e.__dict__ for e, _ in scanned]},
+    )
     for e, p in scanned[:2]:  # an upload that stops after two files
         arts.put_blob(c, up["upload_id"], e.sha256, p)
     with pytest.raises(ApiError) as exc:
@@ -106,11 +118,13 @@ def test_team_isolation_and_sharing(control_plane, users, tmp_path):
     viewer = control_plane.client(users["viewer"])
     arts.push(alice, make_tree(tmp_path / "s", {"secret": b"top"}), "private", "dataset")
     assert "private" not in {a["name"] for a in arts.list_artifacts(bob)}
-    for call in (lambda: arts.describe(bob, "art-a/private"),
-                 lambda: arts.pull(bob, "art-a/private:1", tmp_path / "x"),
-                 lambda: arts.tag(bob, "art-a/private", "mine"),
-                 lambda: arts.delete(bob, "art-a/private:1"),
-                 lambda: arts.share(bob, "art-a/private", "art-b")):  # fmt: skip
+    for call in (
+        lambda: arts.describe(bob, "art-a/private"),
+        lambda: arts.pull(bob, "art-a/private:1", tmp_path / "x"),
+        lambda: arts.tag(bob, "art-a/private", "mine"),
+        lambda: arts.delete(bob, "art-a/private:1"),
+        lambda: arts.share(bob, "art-a/private", "art-b"),
+    ):
         with pytest.raises(ApiError) as exc:
             call()
         assert exc.value.status_code == 404 and "not found" in exc.value.message
@@ -134,10 +148,16 @@ def test_corrupt_blob_fails_the_pull(control_plane, users, tmp_path):
     c = control_plane.client(users["a"])
     data = os.urandom(200_000)
     v = arts.push(c, make_tree(tmp_path / "s", {"w": data}), "rot", "model")
-    blob = next((control_plane.home / "artifacts" / "blobs").rglob(arts.version(c, "rot")["files"][0]["sha256"]))
+    blob = next(
+        (control_plane.home / "artifacts" / "blobs").rglob(
+            arts.version(c, "rot")["files"][0]["sha256"]
+        )
+    )
     os.chmod(blob, 0o644)
     blob.write_bytes(data[:-1] + b"\0" if data[-1] else data[:-1] + b"\1")
-    code, _, err = cli(control_plane, users["a"], "pull", f"rot:{v['version']}", str(tmp_path / "o"))
+    code, _, err = cli(
+        control_plane, users["a"], "pull", f"rot:{v['version']}", str(tmp_path / "o")
+    )
     assert code == 1 and "do not match sha256" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
 
@@ -151,7 +171,8 @@ def test_pull_through_a_node_cache(control_plane, users, tmp_path):
     cache = BlobCache(tmp_path / "cache", 1 << 30)
     plans = []
     for dest in ("r1", "r2"):
-        _, path = arts.pull(c, "served", tmp_path / dest, cache=cache,
-                            on_plan=lambda n, b: plans.append(n))  # fmt: skip
+        _, path = arts.pull(
+            c, "served", tmp_path / dest, cache=cache, on_plan=lambda n, b: plans.append(n)
+        )
         assert read_tree(path) == files
     assert plans == [2, 0]  # the second replica on the node pulls nothing

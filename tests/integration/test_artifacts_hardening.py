@@ -14,11 +14,12 @@ import json
 import os
 
 import pytest
-from artifact_support import make_tree, read_tree
 
 from aicluster.artifacts.manifest import MAX_FILES
 from aicluster.client import artifacts as arts
 from aicluster.client.api import ApiError
+
+from artifact_support import make_tree, read_tree
 
 UPLOADS = "/v1/artifacts/uploads"
 
@@ -66,8 +67,12 @@ def refused(resp, status: int, *says: str) -> dict:
 def begin(client, name: str, files: list[dict], **extra):
     body = {"name": name, "kind": "model", "files": files, **extra}
     # json.dumps escapes what httpx's encoder cannot send (a lone surrogate, as \\ud800)
-    return client.send("POST", UPLOADS, content=json.dumps(body).encode(),
-                       headers={"Content-Type": "application/json"})  # fmt: skip
+    return client.send(
+        "POST",
+        UPLOADS,
+        content=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
 
 
 def one_file(data: bytes, path: str = "w.bin") -> list[dict]:
@@ -92,8 +97,9 @@ def test_another_teams_digest_is_missing_and_cannot_be_committed(alice, bob, tmp
     commit = bob.send("POST", f"{UPLOADS}/{up['upload_id']}/commit")
     detail = refused(commit, 409, "missing")
     assert detail["missing"] == [sha(secret)]
-    wrong = bob.send("PUT", f"{UPLOADS}/{up['upload_id']}/blobs/{sha(secret)}",
-                     content=os.urandom(len(secret)))  # fmt: skip
+    wrong = bob.send(
+        "PUT", f"{UPLOADS}/{up['upload_id']}/blobs/{sha(secret)}", content=os.urandom(len(secret))
+    )
     refused(wrong, 400, sha(secret))
     refused(bob.send("POST", f"{UPLOADS}/{up['upload_id']}/commit"), 409, "missing")
     assert names(bob) == before and "hb-steal" not in names(bob)
@@ -102,8 +108,13 @@ def test_another_teams_digest_is_missing_and_cannot_be_committed(alice, bob, tmp
     assert exc.value.status_code == 404 and not (tmp_path / "stolen").exists()
     # alice's own next push still dedups; bob's listings still work
     plan = []
-    arts.push(alice, make_tree(tmp_path / "a2", {"copy.bin": secret}), "hb-secret", "model",
-              on_plan=lambda n, b: plan.append(n))  # fmt: skip
+    arts.push(
+        alice,
+        make_tree(tmp_path / "a2", {"copy.bin": secret}),
+        "hb-secret",
+        "model",
+        on_plan=lambda n, b: plan.append(n),
+    )
     assert plan == [0]
     assert "hb-secret" not in names(bob)
 
@@ -112,8 +123,13 @@ def test_a_team_that_holds_the_bytes_may_push_them_too(alice, bob, tmp_path):
     shared = os.urandom(20_000)
     arts.push(alice, make_tree(tmp_path / "a", {"f": shared}), "hb-common", "dataset")
     plan = []
-    v = arts.push(bob, make_tree(tmp_path / "b", {"f": shared}), "hb-common", "dataset",
-                  on_plan=lambda n, b: plan.append(n))  # fmt: skip
+    v = arts.push(
+        bob,
+        make_tree(tmp_path / "b", {"f": shared}),
+        "hb-common",
+        "dataset",
+        on_plan=lambda n, b: plan.append(n),
+    )
     assert plan == [1] and v["team"] == "hard-b"  # sent (proved), then stored once
     assert read_tree(arts.pull(bob, "hb-common", tmp_path / "out")[1]) == {"f": shared}
 
@@ -144,8 +160,9 @@ def test_tampered_blob_answers_409_without_its_bytes(control_plane, alice, tmp_p
 def test_declared_size_is_checked_when_the_blob_arrives(alice, tmp_path):
     data = os.urandom(10_000)
     for declared in (len(data) - 1, len(data) + 1):
-        up = begin(alice, "hb-size", [{"path": "weights/part.bin", "size": declared,
-                                       "sha256": sha(data)}]).json()  # fmt: skip
+        up = begin(
+            alice, "hb-size", [{"path": "weights/part.bin", "size": declared, "sha256": sha(data)}]
+        ).json()
         put = alice.send("PUT", f"{UPLOADS}/{up['upload_id']}/blobs/{sha(data)}", content=data)
         refused(put, 400, "'weights/part.bin'", str(declared))
         refused(alice.send("POST", f"{UPLOADS}/{up['upload_id']}/commit"), 409, "missing")
@@ -181,17 +198,24 @@ def test_declared_size_is_checked_at_commit(alice, tmp_path):
 )
 def test_bad_paths_are_refused_at_begin(alice, paths, status, says):
     before = names(alice)
-    files = [{"path": p, "size": 1, "sha256": sha(p.encode("utf-8", "surrogatepass"))}
-             for p in paths]  # fmt: skip
+    files = [
+        {"path": p, "size": 1, "sha256": sha(p.encode("utf-8", "surrogatepass"))} for p in paths
+    ]
     refused(begin(alice, "hb-paths", files), status, *says)
     assert names(alice) == before
 
 
 @pytest.mark.parametrize(
     "size, says",
-    [(-1, "files.0.size"), (2**63, "files.0.size"), (99999999999999999999999, "files.0.size"),
-     (1.5, "files.0.size"), ("7", "files.0.size"), (True, "files.0.size")],
-)  # fmt: skip
+    [
+        (-1, "files.0.size"),
+        (2**63, "files.0.size"),
+        (99999999999999999999999, "files.0.size"),
+        (1.5, "files.0.size"),
+        ("7", "files.0.size"),
+        (True, "files.0.size"),
+    ],
+)
 def test_bad_sizes_are_refused_at_begin(alice, size, says):
     files = [{"path": "f", "size": size, "sha256": sha(b"f")}]
     detail = refused(begin(alice, "hb-sizes", files), 422, says)
@@ -200,9 +224,12 @@ def test_bad_sizes_are_refused_at_begin(alice, size, says):
 
 
 def test_non_finite_metadata_and_too_many_files_are_refused(alice):
-    resp = alice.send("POST", UPLOADS, content=b'{"name": "hb-meta", "files": [], "metadata": '
-                                               b'{"loss": NaN}}',
-                      headers={"Content-Type": "application/json"})  # fmt: skip
+    resp = alice.send(
+        "POST",
+        UPLOADS,
+        content=b'{"name": "hb-meta", "files": [], "metadata": {"loss": NaN}}',
+        headers={"Content-Type": "application/json"},
+    )
     refused(resp, 400, "metadata")
     files = [{"path": f"f{i}", "size": 0, "sha256": "0" * 64} for i in range(MAX_FILES + 1)]
     refused(begin(alice, "hb-many", files), 422, "files")
@@ -214,15 +241,17 @@ def test_non_finite_metadata_and_too_many_files_are_refused(alice):
 
 def test_producer_job_must_be_a_job_of_the_uploaders_team(alice, bob, tmp_path):
     job_b = bob.submit({"kind": "job", "name": "hb-job", "team": "hard-b", "command": "true"}, None)
-    job_a = alice.submit({"kind": "job", "name": "hb-job", "team": "hard-a", "command": "true"},
-                         None)  # fmt: skip
+    job_a = alice.submit(
+        {"kind": "job", "name": "hb-job", "team": "hard-a", "command": "true"}, None
+    )
     data = b"made by a job"
     for job_id in (job_b["id"], "no-such-job"):
         resp = begin(alice, "hb-made", one_file(data), producer_job=job_id)
         refused(resp, 400, "producer_job", repr(job_id), "'hard-a' has no such job")
     assert "hb-made" not in names(alice)
-    v = arts.push(alice, make_tree(tmp_path / "s", {"f": data}), "hb-made", "model",
-                  producer_job=job_a["id"])  # fmt: skip
+    v = arts.push(
+        alice, make_tree(tmp_path / "s", {"f": data}), "hb-made", "model", producer_job=job_a["id"]
+    )
     assert v["producer_job"] == job_a["id"]
 
 
@@ -253,8 +282,12 @@ def test_huge_version_numbers_answer_400_naming_the_version(alice, tmp_path):
 def test_every_artifact_route_declares_its_error_statuses(admin):
     doc = admin.request_json("GET", "/openapi.json")
     assert "ErrorBody" in doc["components"]["schemas"]
-    ops = [(path, method, op) for path, item in doc["paths"].items()
-           if path.startswith("/v1/artifacts") for method, op in item.items()]  # fmt: skip
+    ops = [
+        (path, method, op)
+        for path, item in doc["paths"].items()
+        if path.startswith("/v1/artifacts")
+        for method, op in item.items()
+    ]
     assert len(ops) >= 15
     for path, method, op in ops:
         errors = {int(c) for c in op["responses"] if int(c) >= 400}

@@ -6,6 +6,7 @@ import httpx
 import pytest
 
 from aicluster.client.api import ApiError
+
 from harness import TERMINAL
 
 
@@ -23,15 +24,28 @@ def teams(admin):
 
 @pytest.mark.parametrize(
     "method,path",
-    [("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", "/v1/nodes"), ("GET", "/v1/events"),
-     ("GET", "/v1/jobs/x"), ("POST", "/v1/jobs/x/cancel"), ("GET", "/v1/jobs/x/logs"),
-     ("GET", "/v1/teams"), ("POST", "/v1/tokens"), ("GET", "/v1/whoami")],
-)  # fmt: skip
+    [
+        ("GET", "/v1/jobs"),
+        ("POST", "/v1/jobs"),
+        ("GET", "/v1/nodes"),
+        ("GET", "/v1/events"),
+        ("GET", "/v1/jobs/x"),
+        ("POST", "/v1/jobs/x/cancel"),
+        ("GET", "/v1/jobs/x/logs"),
+        ("GET", "/v1/teams"),
+        ("POST", "/v1/tokens"),
+        ("GET", "/v1/whoami"),
+    ],
+)
 def test_routes_need_a_token(control_plane, method, path):
     r = httpx.request(method, control_plane.url + path, json={})
     assert r.status_code == 401
-    r = httpx.request(method, control_plane.url + path, json={},
-                      headers={"Authorization": "Bearer aic_not-a-real-token"})  # fmt: skip
+    r = httpx.request(
+        method,
+        control_plane.url + path,
+        json={},
+        headers={"Authorization": "Bearer aic_not-a-real-token"},
+    )
     assert r.status_code == 401
 
 
@@ -49,8 +63,15 @@ def test_tokens_are_stored_hashed(control_plane, teams):
 
 def test_team_isolation(control_plane, admin, teams):
     alice, bob = control_plane.client(teams["a"]), control_plane.client(teams["b"])
-    job = alice.submit({"kind": "job", "name": "secret", "team": "team-a",
-                        "command": "echo top-secret; sleep 600"}, None)  # fmt: skip
+    job = alice.submit(
+        {
+            "kind": "job",
+            "name": "secret",
+            "team": "team-a",
+            "command": "echo top-secret; sleep 600",
+        },
+        None,
+    )
     alice.wait(job["id"], {"RUNNING"}, timeout=60)
     assert job["id"] in {j["id"] for j in alice.jobs()}
     assert job["id"] not in {j["id"] for j in bob.jobs()}

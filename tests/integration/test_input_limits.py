@@ -21,8 +21,11 @@ pytestmark = pytest.mark.ray
 def http(control_plane, admin):
     if "lim-a" not in admin.teams():
         admin.create_team("lim-a")
-    with httpx.Client(base_url=control_plane.url, timeout=60,
-                      headers={"Authorization": f"Bearer {control_plane.admin_token}"}) as c:  # fmt: skip
+    with httpx.Client(
+        base_url=control_plane.url,
+        timeout=60,
+        headers={"Authorization": f"Bearer {control_plane.admin_token}"},
+    ) as c:
         yield c
 
 
@@ -45,12 +48,15 @@ def _job_names(http) -> set[str]:
 JOB = '{"spec": {"kind": "job", "name": "%s", "team": "lim-a", "command": "true", %s}}'
 
 
-@pytest.mark.parametrize("name,fields,field", [
-    ("inf-cpus", '"resources": {"cpus": 1e309}', "spec.resources.cpus"),
-    ("nan-cpus", '"resources": {"cpus": NaN}', "spec.resources.cpus"),
-    ("inf-pending", '"max_pending_seconds": Infinity', "spec.max_pending_seconds"),
-    ("big-gpus", '"resources": {"gpus": 18446744073709551616}', "spec.resources.gpus"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,fields,field",
+    [
+        ("inf-cpus", '"resources": {"cpus": 1e309}', "spec.resources.cpus"),
+        ("nan-cpus", '"resources": {"cpus": NaN}', "spec.resources.cpus"),
+        ("inf-pending", '"max_pending_seconds": Infinity', "spec.max_pending_seconds"),
+        ("big-gpus", '"resources": {"gpus": 18446744073709551616}', "spec.resources.gpus"),
+    ],
+)
 def test_non_finite_job_numbers_are_refused_and_not_stored(http, name, fields, field):
     r = _raw(http, "POST", "/v1/jobs", JOB % (name, fields))
     assert r.status_code == 422, r.text
@@ -59,11 +65,14 @@ def test_non_finite_job_numbers_are_refused_and_not_stored(http, name, fields, f
     assert http.get("/v1/jobs", params={"team": "lim-a"}).status_code == 200
 
 
-@pytest.mark.parametrize("fields,field", [
-    ('"resources": {"memory": 1e30}', "resources.memory"),
-    ('"resources": {"cpus": 5000}', "resources.cpus"),
-    ('"resources": {"gpus": 2000}', "resources.gpus"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "fields,field",
+    [
+        ('"resources": {"memory": 1e30}', "resources.memory"),
+        ('"resources": {"cpus": 5000}', "resources.cpus"),
+        ('"resources": {"gpus": 2000}', "resources.gpus"),
+    ],
+)
 def test_resources_beyond_sane_maxima_are_refused_at_submit(http, fields, field):
     r = _raw(http, "POST", "/v1/jobs", JOB % ("too-big", fields))
     assert r.status_code == 422, r.text
@@ -72,8 +81,10 @@ def test_resources_beyond_sane_maxima_are_refused_at_submit(http, fields, field)
 
 
 def test_non_finite_service_timeout_is_refused_and_listing_answers(http):
-    body = ('{"spec": {"kind": "service", "name": "inf-svc", "team": "lim-a", "model": "m", '
-            '"readiness_timeout_s": 1e309}}')  # fmt: skip
+    body = (
+        '{"spec": {"kind": "service", "name": "inf-svc", "team": "lim-a", "model": "m", '
+        '"readiness_timeout_s": 1e309}}'
+    )
     r = _raw(http, "POST", "/v1/services", body)
     assert r.status_code == 422 and _detail(r)["field"] == "spec.readiness_timeout_s"
     r = http.get("/v1/services")
@@ -87,8 +98,17 @@ def test_a_service_document_sent_to_jobs_says_where_it_goes(http):
 
 
 def test_a_ten_megabyte_command_is_refused(http):
-    r = http.post("/v1/jobs", json={"spec": {"kind": "job", "name": "long-cmd", "team": "lim-a",
-                                             "command": "x" * 10_000_000}})  # fmt: skip
+    r = http.post(
+        "/v1/jobs",
+        json={
+            "spec": {
+                "kind": "job",
+                "name": "long-cmd",
+                "team": "lim-a",
+                "command": "x" * 10_000_000,
+            }
+        },
+    )
     assert r.status_code == 422 and _detail(r)["field"] == "command"
     assert "long-cmd" not in _job_names(http)
 
@@ -128,12 +148,15 @@ def _outside_link() -> str:
     return _tar([(info, None)])
 
 
-@pytest.mark.parametrize("make,why", [
-    (lambda: base64.b64encode(b"plain text, not gzip").decode(), "not a gzip"),
-    (lambda: "%%% not base64 %%%", "base64"),
-    (_bomb, "unpacks to more than"),
-    (_outside_link, "outside"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "make,why",
+    [
+        (lambda: base64.b64encode(b"plain text, not gzip").decode(), "not a gzip"),
+        (lambda: "%%% not base64 %%%", "base64"),
+        (_bomb, "unpacks to more than"),
+        (_outside_link, "outside"),
+    ],
+)
 def test_bad_workdirs_are_refused_at_submit(http, make, why):
     spec = {"kind": "job", "name": "bad-workdir", "team": "lim-a", "command": "true"}
     r = http.post("/v1/jobs", json={"spec": spec, "workdir": make()})
@@ -163,14 +186,17 @@ def test_pool_names_with_control_characters_are_refused(http, pool):
     assert all(q["pool"] != pool for q in http.get("/v1/quotas").json()["quotas"])
 
 
-@pytest.mark.parametrize("method,path,params,field", [
-    ("GET", "/v1/events", {"after": 2**64}, "after"),
-    ("GET", "/v1/events", {"after": 2**63}, "after"),
-    ("GET", "/v1/jobs/x/logs", {"offset": 2**64}, "offset"),
-    ("GET", "/v1/jobs/x/logs", {"rank": 2**64}, "rank"),
-    ("GET", "/v1/jobs/x/logs", {"attempt": 2**64}, "attempt"),
-    ("GET", "/v1/jobs/x/logs", {"rank": -1}, "rank"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "method,path,params,field",
+    [
+        ("GET", "/v1/events", {"after": 2**64}, "after"),
+        ("GET", "/v1/events", {"after": 2**63}, "after"),
+        ("GET", "/v1/jobs/x/logs", {"offset": 2**64}, "offset"),
+        ("GET", "/v1/jobs/x/logs", {"rank": 2**64}, "rank"),
+        ("GET", "/v1/jobs/x/logs", {"attempt": 2**64}, "attempt"),
+        ("GET", "/v1/jobs/x/logs", {"rank": -1}, "rank"),
+    ],
+)
 def test_integers_past_64_bits_in_queries_are_refused(http, method, path, params, field):
     r = http.request(method, path, params=params)
     assert r.status_code == 422 and _detail(r)["field"] == field, r.text
@@ -183,11 +209,18 @@ def test_huge_quota_numbers_are_refused(http, gpus):
     assert all(q["pool"] != "p-huge" for q in http.get("/v1/quotas").json()["quotas"])
 
 
-@pytest.mark.parametrize("method,path", [
-    ("POST", "/v1/jobs"), ("POST", "/v1/teams"), ("POST", "/v1/tokens"),
-    ("PUT", "/v1/teams/lim-a/quotas/gpu"), ("POST", "/v1/services"),
-    ("POST", "/v1/services/x/scale"), ("POST", "/v1/nodes/x/cordon"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("POST", "/v1/jobs"),
+        ("POST", "/v1/teams"),
+        ("POST", "/v1/tokens"),
+        ("PUT", "/v1/teams/lim-a/quotas/gpu"),
+        ("POST", "/v1/services"),
+        ("POST", "/v1/services/x/scale"),
+        ("POST", "/v1/nodes/x/cordon"),
+    ],
+)
 @pytest.mark.parametrize("depth", [100_000, 64])
 def test_deeply_nested_json_is_a_400(http, method, path, depth):
     r = _raw(http, method, path, "[" * depth + "]" * depth)
@@ -227,8 +260,10 @@ def _raw_request(url: str, head: str, chunks=(), read_first=False) -> tuple[int,
 
 
 def test_an_anonymous_oversized_post_gets_413_before_the_body_is_read(control_plane):
-    head = ("POST /v1/teams HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {200 * 2**20}\r\n\r\n")  # fmt: skip
+    head = (
+        "POST /v1/teams HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {200 * 2**20}\r\n\r\n"
+    )
     status, _ = _raw_request(control_plane.url, head)  # not one byte of the body is sent
     assert status == 413
     status, _ = _raw_request(control_plane.url, head.replace("/v1/teams", "/v1/jobs"))
@@ -236,8 +271,10 @@ def test_an_anonymous_oversized_post_gets_413_before_the_body_is_read(control_pl
 
 
 def test_an_anonymous_chunked_post_is_cut_off_with_413(control_plane):
-    head = ("POST /v1/teams HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            "Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
+    head = (
+        "POST /v1/teams HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    )
     piece = 64 * 1024
     chunk = f"{piece:x}\r\n".encode() + b" " * piece + b"\r\n"
     status, sent = _raw_request(control_plane.url, head, [chunk] * (200 * 2**20 // piece))
@@ -246,9 +283,15 @@ def test_an_anonymous_chunked_post_is_cut_off_with_413(control_plane):
 
 
 def test_bodies_under_their_family_limit_reach_authentication(control_plane):
-    r = httpx.post(control_plane.url + "/v1/jobs", timeout=60,
-                   json={"spec": {}, "workdir": "A" * (2 * DEFAULT_LIMIT)})  # fmt: skip
+    r = httpx.post(
+        control_plane.url + "/v1/jobs",
+        timeout=60,
+        json={"spec": {}, "workdir": "A" * (2 * DEFAULT_LIMIT)},
+    )
     assert r.status_code == 401  # a 2 MiB submission is within the submission limit
-    r = httpx.post(control_plane.url + "/v1/teams", content=b" " * (2 * DEFAULT_LIMIT),
-                   headers={"content-type": "application/json"})  # fmt: skip
+    r = httpx.post(
+        control_plane.url + "/v1/teams",
+        content=b" " * (2 * DEFAULT_LIMIT),
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 413 and json.loads(r.text)["detail"]["field"] == "(body)"

@@ -20,19 +20,45 @@ pytestmark = pytest.mark.ray
 
 # Routes other parts own (their own tests cover them): artifacts, the OpenAI gateway.
 OTHERS = re.compile(r"^/v1/(artifacts|models|completions|chat/completions|embeddings)(/|$)")
-ADMIN_ONLY = {"POST /v1/teams", "PUT /v1/teams/{team}/quotas/{pool}", "POST /v1/tokens",
-              "POST /v1/nodes/{node}/{action}"}  # fmt: skip
-WRITES = {"POST /v1/jobs", "POST /v1/jobs/{job_id}/cancel", "POST /v1/services",
-          "POST /v1/services/{name}/scale", "DELETE /v1/services/{name}"} | ADMIN_ONLY  # fmt: skip
-READS = {"GET /v1/whoami", "GET /v1/jobs", "GET /v1/jobs/{job_id}", "GET /v1/jobs/{job_id}/logs",
-         "GET /v1/nodes", "GET /v1/events", "GET /v1/teams", "GET /v1/quotas", "GET /v1/queue",
-         "GET /v1/services", "GET /v1/services/{name}"}  # fmt: skip
+ADMIN_ONLY = {
+    "POST /v1/teams",
+    "PUT /v1/teams/{team}/quotas/{pool}",
+    "POST /v1/tokens",
+    "POST /v1/nodes/{node}/{action}",
+}
+WRITES = {
+    "POST /v1/jobs",
+    "POST /v1/jobs/{job_id}/cancel",
+    "POST /v1/services",
+    "POST /v1/services/{name}/scale",
+    "DELETE /v1/services/{name}",
+} | ADMIN_ONLY
+READS = {
+    "GET /v1/whoami",
+    "GET /v1/jobs",
+    "GET /v1/jobs/{job_id}",
+    "GET /v1/jobs/{job_id}/logs",
+    "GET /v1/nodes",
+    "GET /v1/events",
+    "GET /v1/teams",
+    "GET /v1/quotas",
+    "GET /v1/queue",
+    "GET /v1/services",
+    "GET /v1/services/{name}",
+}
 
-SERVICE = {"kind": "service", "name": "iso-svc", "team": "iso-a", "model": "m",
-           "engine": "simulated", "replicas": {"min": 0, "max": 1}}  # fmt: skip
+SERVICE = {
+    "kind": "service",
+    "name": "iso-svc",
+    "team": "iso-a",
+    "model": "m",
+    "engine": "simulated",
+    "replicas": {"min": 0, "max": 1},
+}
 BODIES = {  # valid bodies, so that only who calls decides the answer
-    "POST /v1/jobs": {"spec": {"kind": "job", "name": "iso-sneak", "team": "iso-a",
-                               "command": "true"}},  # fmt: skip
+    "POST /v1/jobs": {
+        "spec": {"kind": "job", "name": "iso-sneak", "team": "iso-a", "command": "true"}
+    },
     "POST /v1/services": {"spec": dict(SERVICE, name="iso-sneak")},
     "POST /v1/services/{name}/scale": {"replicas": 1},
     "POST /v1/teams": {"name": "iso-sneak"},
@@ -53,31 +79,47 @@ def world(control_plane, admin):
         "viewer_a": admin.create_token("iso-vera", team="iso-a", role="viewer")["token"],
     }
     alice = control_plane.client(tokens["member_a"])
-    job = alice.submit({"kind": "job", "name": "iso-job", "team": "iso-a", "command": "true"},
-                       None)  # fmt: skip
-    r = httpx.post(control_plane.url + "/v1/services", json={"spec": SERVICE},
-                   headers={"Authorization": f"Bearer {tokens['member_a']}"})  # fmt: skip
+    job = alice.submit({"kind": "job", "name": "iso-job", "team": "iso-a", "command": "true"}, None)
+    r = httpx.post(
+        control_plane.url + "/v1/services",
+        json={"spec": SERVICE},
+        headers={"Authorization": f"Bearer {tokens['member_a']}"},
+    )
     assert r.status_code == 201, r.text
     node = admin.nodes()[0]["node_id"]
-    params = {"job_id": job["id"], "name": "iso-svc", "team": "iso-a", "pool": "gpu",
-              "node": node, "action": "cordon"}  # fmt: skip
+    params = {
+        "job_id": job["id"],
+        "name": "iso-svc",
+        "team": "iso-a",
+        "pool": "gpu",
+        "node": node,
+        "action": "cordon",
+    }
     yield {"tokens": tokens, "params": params, "job": job["id"]}
-    httpx.delete(control_plane.url + "/v1/services/iso-svc", params={"team": "iso-a"},
-                 headers={"Authorization": f"Bearer {control_plane.admin_token}"})  # fmt: skip
+    httpx.delete(
+        control_plane.url + "/v1/services/iso-svc",
+        params={"team": "iso-a"},
+        headers={"Authorization": f"Bearer {control_plane.admin_token}"},
+    )
     alice.wait(job["id"], TERMINAL, 60)
 
 
 def _operations(url: str) -> list[tuple[str, str]]:
     doc = httpx.get(url + "/openapi.json").json()
-    return [(method.upper(), path) for path, item in doc["paths"].items()
-            for method in item if path.startswith("/v1/") and not OTHERS.match(path)]  # fmt: skip
+    return [
+        (method.upper(), path)
+        for path, item in doc["paths"].items()
+        for method in item
+        if path.startswith("/v1/") and not OTHERS.match(path)
+    ]
 
 
 def _call(url: str, method: str, path: str, params: dict, token: str | None) -> httpx.Response:
     label = f"{method} {path}"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.request(method, url + path.format(**params), json=BODIES.get(label),
-                         headers=headers, timeout=30)  # fmt: skip
+    return httpx.request(
+        method, url + path.format(**params), json=BODIES.get(label), headers=headers, timeout=30
+    )
 
 
 def test_every_route_is_classified(control_plane):
@@ -114,7 +156,7 @@ def test_the_matrix(control_plane, world, admin):
 
 def test_team_b_sees_none_of_team_a_in_listings(control_plane, world):
     b = {"Authorization": f"Bearer {world['tokens']['member_b']}"}
-    get = lambda path, **q: httpx.get(control_plane.url + path, headers=b, params=q).json()  # noqa: E731
+    get = lambda path, **q: httpx.get(control_plane.url + path, headers=b, params=q).json()
     assert world["job"] not in {j["id"] for j in get("/v1/jobs")["jobs"]}
     assert world["job"] not in {j["id"] for j in get("/v1/jobs", team="iso-a")["jobs"]}
     assert all(s["team"] == "iso-b" for s in get("/v1/services")["services"])

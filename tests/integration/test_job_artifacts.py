@@ -21,9 +21,14 @@ def test_job_reads_an_input_and_pushes_an_output(admin, tmp_path):
         "stat -c 'mode=%a' data data/hello.txt; "
         "mkdir out && cp data/sub/numbers.csv out/ && echo made-here > out/new.txt"
     )
-    spec = {"kind": "job", "name": "ja-consumer", "command": cmd, "workers": 2,
-            "inputs": [{"artifact": "default/ja-data:1", "path": "data", "env": "DATA_DIR"}],
-            "outputs": [{"path": "out", "artifact": "default/ja-result", "kind": "dataset"}]}  # fmt: skip
+    spec = {
+        "kind": "job",
+        "name": "ja-consumer",
+        "command": cmd,
+        "workers": 2,
+        "inputs": [{"artifact": "default/ja-data:1", "path": "data", "env": "DATA_DIR"}],
+        "outputs": [{"path": "out", "artifact": "default/ja-result", "kind": "dataset"}],
+    }
     job = admin.submit(spec, None)
     done = admin.wait(job["id"], TERMINAL, timeout=90)
     assert done["status"] == "SUCCEEDED", done
@@ -42,9 +47,13 @@ def test_job_reads_an_input_and_pushes_an_output(admin, tmp_path):
 
 def test_bad_input_or_output_is_refused_at_submit(admin):
     before = len(admin.jobs())
-    bad = {"kind": "job", "name": "ja-bad", "command": "true",
-           "inputs": [{"artifact": "default/no-such-thing:3", "path": "d"}],
-           "outputs": [{"path": "o", "artifact": "other-team/x"}]}  # fmt: skip
+    bad = {
+        "kind": "job",
+        "name": "ja-bad",
+        "command": "true",
+        "inputs": [{"artifact": "default/no-such-thing:3", "path": "d"}],
+        "outputs": [{"path": "o", "artifact": "other-team/x"}],
+    }
     with pytest.raises(ApiError) as exc:
         admin.submit(bad, None)
     assert exc.value.status_code == 422
@@ -54,8 +63,12 @@ def test_bad_input_or_output_is_refused_at_submit(admin):
 
 
 def test_missing_output_fails_the_job(admin):
-    spec = {"kind": "job", "name": "ja-nothing", "command": "true",
-            "outputs": [{"path": "never-made", "artifact": "default/ja-none"}]}  # fmt: skip
+    spec = {
+        "kind": "job",
+        "name": "ja-nothing",
+        "command": "true",
+        "outputs": [{"path": "never-made", "artifact": "default/ja-none"}],
+    }
     job = admin.submit(spec, None)
     done = admin.wait(job["id"], TERMINAL, timeout=60)
     assert done["status"] == "FAILED" and done["reason"] == "output_failed"
@@ -77,26 +90,41 @@ time.sleep(600)
 """
 
 
-def test_job_resumes_from_an_artifact_checkpoint_on_another_node(ray_cluster, control_plane, admin,
-                                                                 tmp_path):  # fmt: skip
+def test_job_resumes_from_an_artifact_checkpoint_on_another_node(
+    ray_cluster, control_plane, admin, tmp_path
+):
     from aicluster.client.api import pack_workdir
     from aicluster.engine.protocol import GPU_MODEL_LABEL, POOL_LABEL
+
     from harness import COMMON_NODE_ARGS, wait_for
 
     cluster, _ = ray_cluster
     labels = {POOL_LABEL: "ckpt2", GPU_MODEL_LABEL: "P100"}
-    nodes = [cluster.add_node(num_cpus=1, num_gpus=1, labels=labels, **COMMON_NODE_ARGS)
-             for _ in range(2)]  # fmt: skip
-    wait_for(lambda: sum(n["gpu_model"] == "P100" and n["alive"] for n in admin.nodes()) == 2,
-             what="two P100 nodes")  # fmt: skip
+    nodes = [
+        cluster.add_node(num_cpus=1, num_gpus=1, labels=labels, **COMMON_NODE_ARGS)
+        for _ in range(2)
+    ]
+    wait_for(
+        lambda: sum(n["gpu_model"] == "P100" and n["alive"] for n in admin.nodes()) == 2,
+        what="two P100 nodes",
+    )
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "job.py").write_text(CKPT_SCRIPT)
-    spec = {"kind": "job", "name": "ckpt-mover", "working_dir": ".", "command": "python job.py",
-            "max_restarts": 1, "resources": {"cpus": 1, "gpus": 1, "gpu_model": "P100"}}  # fmt: skip
+    spec = {
+        "kind": "job",
+        "name": "ckpt-mover",
+        "working_dir": ".",
+        "command": "python job.py",
+        "max_restarts": 1,
+        "resources": {"cpus": 1, "gpus": 1, "gpu_model": "P100"},
+    }
     job = admin.submit(spec, pack_workdir(tmp_path / "code"))
     first = admin.wait(job["id"], {"RUNNING"}, timeout=60)
-    wait_for(lambda: b"saved default/ckpt-mover-ckpt:" in admin.logs(job["id"])[0], timeout=60,
-             what="the checkpoint to be saved")  # fmt: skip
+    wait_for(
+        lambda: b"saved default/ckpt-mover-ckpt:" in admin.logs(job["id"])[0],
+        timeout=60,
+        what="the checkpoint to be saved",
+    )
     victim = next(n for n in nodes if n.node_id == first["placement"][0])
     cluster.remove_node(victim, allow_graceful=False)
     done = admin.wait(job["id"], {"SUCCEEDED", "FAILED"}, timeout=120)
@@ -113,12 +141,17 @@ def test_job_resumes_from_an_artifact_checkpoint_on_another_node(ray_cluster, co
     def job_tokens():
         db = sqlite3.connect(control_plane.home / "state.db")
         try:
-            return db.execute("SELECT revoked FROM tokens WHERE job_id = ?", (job["id"],)).fetchall()
+            return db.execute(
+                "SELECT revoked FROM tokens WHERE job_id = ?", (job["id"],)
+            ).fetchall()
         finally:
             db.close()
 
-    wait_for(lambda: (rows := job_tokens()) and all(r[0] for r in rows), timeout=30,
-             what="the job's tokens to be revoked")  # fmt: skip
+    wait_for(
+        lambda: (rows := job_tokens()) and all(r[0] for r in rows),
+        timeout=30,
+        what="the job's tokens to be revoked",
+    )
     assert len(job_tokens()) == 2
     for n in nodes:
         if n is not victim:
@@ -130,15 +163,22 @@ def test_jobs_prefer_nodes_that_already_cache_their_inputs(admin, tmp_path):
     src.mkdir()
     (src / "x.bin").write_bytes(b"x" * 1024)
     arts.push(admin, src, "default/ja-local", "dataset")
-    gpu = sorted((n for n in admin.nodes() if n["pool"] == "gpu" and n["alive"]),
-                 key=lambda n: (n["name"], n["node_id"]))  # fmt: skip
+    gpu = sorted(
+        (n for n in admin.nodes() if n["pool"] == "gpu" and n["alive"]),
+        key=lambda n: (n["name"], n["node_id"]),
+    )
     first, second = gpu[0]["node_id"], gpu[1]["node_id"]
     # Fill the node best fit would pick, so the first reader lands on the other one.
-    filler = admin.submit({"kind": "job", "name": "ja-filler", "command": "sleep 600",
-                           "resources": {"cpus": 4}}, None)  # fmt: skip
+    filler = admin.submit(
+        {"kind": "job", "name": "ja-filler", "command": "sleep 600", "resources": {"cpus": 4}}, None
+    )
     assert admin.wait(filler["id"], {"RUNNING"}, timeout=60)["placement"] == [first]
-    spec = {"kind": "job", "command": "ls data", "resources": {"cpus": 1},
-            "inputs": [{"artifact": "default/ja-local:1", "path": "data"}]}  # fmt: skip
+    spec = {
+        "kind": "job",
+        "command": "ls data",
+        "resources": {"cpus": 1},
+        "inputs": [{"artifact": "default/ja-local:1", "path": "data"}],
+    }
     reader = admin.submit({**spec, "name": "ja-reader1"}, None)
     done = admin.wait(reader["id"], TERMINAL, timeout=60)
     assert done["status"] == "SUCCEEDED" and done["placement"] == [second]

@@ -46,8 +46,13 @@ def api(control_plane, tokens):
         return httpx.request(method, control_plane.url + path, headers=headers, timeout=30, **kw)
 
     def submit(who: str, team: str, name: str, command: str) -> dict:
-        spec = {"kind": "job", "name": name, "team": team, "command": command,
-                "resources": {"cpus": 1}}  # fmt: skip
+        spec = {
+            "kind": "job",
+            "name": name,
+            "team": team,
+            "command": command,
+            "resources": {"cpus": 1},
+        }
         r = call(who, "POST", "/v1/jobs", json={"spec": spec})
         assert r.status_code == 201, r.text
         sent.append(r.json()["id"])
@@ -70,8 +75,12 @@ def status_of(api, who: str, ref: str) -> str:
 
 
 def wait_status(api, job_id: str, wanted: set[str], timeout: float = 90) -> None:
-    wait_for(lambda: status_of(api, "admin", job_id) in wanted, timeout, 0.2,
-             f"{job_id} in {sorted(wanted)}")  # fmt: skip
+    wait_for(
+        lambda: status_of(api, "admin", job_id) in wanted,
+        timeout,
+        0.2,
+        f"{job_id} in {sorted(wanted)}",
+    )
 
 
 def log_text(api, who: str, ref: str) -> str:
@@ -129,8 +138,11 @@ def test_a_member_cannot_reach_another_teams_job_by_name(api):
     assert unknown.status_code == 404
 
     for ref in (name, f"names-a:{name}"):
-        for method, path in (("GET", f"/v1/jobs/{ref}"), ("GET", f"/v1/jobs/{ref}/logs"),
-                             ("POST", f"/v1/jobs/{ref}/cancel")):  # fmt: skip
+        for method, path in (
+            ("GET", f"/v1/jobs/{ref}"),
+            ("GET", f"/v1/jobs/{ref}/logs"),
+            ("POST", f"/v1/jobs/{ref}/cancel"),
+        ):
             r = api("b", method, path)
             assert r.status_code == 404, (method, path, r.text)
             assert r.json()["detail"]["message"] == f"job {ref} not found"
@@ -148,8 +160,11 @@ def test_an_admins_name_in_two_teams_is_a_409_naming_the_candidates(api):
     name = unique("nm-both")
     job_a = api.submit("a", "names-a", name, "sleep 600")
     job_b = api.submit("b", "names-b", name, "sleep 600")
-    for method, path in (("GET", f"/v1/jobs/{name}"), ("GET", f"/v1/jobs/{name}/logs"),
-                         ("POST", f"/v1/jobs/{name}/cancel")):  # fmt: skip
+    for method, path in (
+        ("GET", f"/v1/jobs/{name}"),
+        ("GET", f"/v1/jobs/{name}/logs"),
+        ("POST", f"/v1/jobs/{name}/cancel"),
+    ):
         r = api("admin", method, path)
         assert r.status_code == 409, (method, path, r.text)
         detail = r.json()["detail"]
@@ -157,8 +172,10 @@ def test_an_admins_name_in_two_teams_is_a_409_naming_the_candidates(api):
         for job, team in ((job_a, "names-a"), (job_b, "names-b")):
             assert f"{job['id']} (team {team})" in detail["message"]
         assert detail["field"] == "job_id"
-        assert detail["candidates"] == [{"id": job_b["id"], "team": "names-b"},
-                                        {"id": job_a["id"], "team": "names-a"}]  # fmt: skip
+        assert detail["candidates"] == [
+            {"id": job_b["id"], "team": "names-b"},
+            {"id": job_a["id"], "team": "names-a"},
+        ]
     for job in (job_a, job_b):
         assert status_of(api, "admin", job["id"]) != "CANCELLED", "an ambiguous cancel did nothing"
 
@@ -176,8 +193,11 @@ def test_an_admins_name_in_two_teams_is_a_409_naming_the_candidates(api):
 
 def test_openapi_declares_409_for_the_job_routes(control_plane):
     paths = httpx.get(control_plane.url + "/openapi.json").json()["paths"]
-    for path, method in (("/v1/jobs/{job_id}", "get"), ("/v1/jobs/{job_id}/cancel", "post"),
-                         ("/v1/jobs/{job_id}/logs", "get")):  # fmt: skip
+    for path, method in (
+        ("/v1/jobs/{job_id}", "get"),
+        ("/v1/jobs/{job_id}/cancel", "post"),
+        ("/v1/jobs/{job_id}/logs", "get"),
+    ):
         op = paths[path][method]
         assert {"404", "409"} <= set(op["responses"]), (path, sorted(op["responses"]))
         (param,) = [p for p in op["parameters"] if p["name"] == "job_id"]
@@ -185,10 +205,21 @@ def test_openapi_declares_409_for_the_job_routes(control_plane):
 
 
 def cli(control_plane, token: str, tmp_path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, AICLUSTER_URL=control_plane.url, AICLUSTER_TOKEN=token,
-               AICLUSTER_HOME=str(tmp_path / "cli-home"), NO_COLOR="1", COLUMNS="200")  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "aicluster.cli.main", *args], env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    env = dict(
+        os.environ,
+        AICLUSTER_URL=control_plane.url,
+        AICLUSTER_TOKEN=token,
+        AICLUSTER_HOME=str(tmp_path / "cli-home"),
+        NO_COLOR="1",
+        COLUMNS="200",
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "aicluster.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_cli_describe_logs_and_cancel_by_name(api, control_plane, tokens, tmp_path):
@@ -225,8 +256,7 @@ def test_cli_describe_logs_and_cancel_by_name(api, control_plane, tokens, tmp_pa
     assert status_of(api, "a", older["id"]) == "SUCCEEDED"
 
 
-def test_cli_admin_ambiguous_name_says_to_use_the_id_or_team(api, control_plane, tokens,
-                                                             tmp_path):  # fmt: skip
+def test_cli_admin_ambiguous_name_says_to_use_the_id_or_team(api, control_plane, tokens, tmp_path):
     name = unique("nm-cli-both")
     job_a = api.submit("a", "names-a", name, "sleep 600")
     job_b = api.submit("b", "names-b", name, "sleep 600")

@@ -85,7 +85,9 @@ def test_failing_command_fails_with_its_exit_code(admin):
 
 
 def test_cancel_kills_every_worker_and_frees_capacity(admin, shared_dir):
-    cmd = f"echo $$ > {shared_dir}/pid-$RANK; (sleep 600 & echo $! > {shared_dir}/child-$RANK; wait)"
+    cmd = (
+        f"echo $$ > {shared_dir}/pid-$RANK; (sleep 600 & echo $! > {shared_dir}/child-$RANK; wait)"
+    )
     job = admin.submit(job_spec("sleeper", cmd, workers=2, gpus=2), None)
     admin.wait(job["id"], {"RUNNING"}, timeout=60)
     files = [shared_dir / f"{kind}-{r}" for kind in ("pid", "child") for r in range(2)]
@@ -110,9 +112,7 @@ def _alive(pid: int) -> bool:
 
 def test_job_larger_than_cluster_stays_pending_with_reason(admin):
     big = admin.submit(job_spec("toobig", "true", workers=3, gpus=2), None)
-    waiting = wait_for(
-        lambda: (j := admin.job(big["id"]))["message"] and j, what="a wait reason"
-    )
+    waiting = wait_for(lambda: (j := admin.job(big["id"]))["message"] and j, what="a wait reason")
     assert waiting["status"] == "PENDING"
     assert waiting["message"].startswith("could never fit")
     assert "4 GPU" in waiting["message"]
@@ -129,9 +129,13 @@ def test_never_fitting_job_fails_after_max_pending(admin):
 
 
 def test_gpu_model_is_honoured(admin):
-    ok = run_to_end(admin, {**job_spec("a100", "true", gpus=1), "resources": {"gpus": 1, "gpu_model": "a100"}})
+    ok = run_to_end(
+        admin, {**job_spec("a100", "true", gpus=1), "resources": {"gpus": 1, "gpu_model": "a100"}}
+    )
     assert ok["status"] == "SUCCEEDED"
-    h100 = admin.submit({**job_spec("h100", "true"), "resources": {"gpus": 1, "gpu_model": "H100"}}, None)
+    h100 = admin.submit(
+        {**job_spec("h100", "true"), "resources": {"gpus": 1, "gpu_model": "H100"}}, None
+    )
     j = wait_for(lambda: (x := admin.job(h100["id"]))["message"] and x, what="wait reason")
     assert "GPU model H100" in j["message"] and "could never fit" in j["message"]
     admin.cancel(h100["id"])
@@ -158,8 +162,7 @@ def test_working_dir_is_uploaded_with_the_job(admin, tmp_path):
     (code / "__pycache__" / "junk.pyc").write_bytes(b"x")
     spec = tmp_path / "project" / "job.yaml"
     spec.write_text(
-        "kind: job\nname: wd\nworkers: 2\nworking_dir: code\n"
-        "command: cat pkg/data.txt && ls -a\n"
+        "kind: job\nname: wd\nworkers: 2\nworking_dir: code\ncommand: cat pkg/data.txt && ls -a\n"
     )
     job = admin.submit_file(spec)
     done = admin.wait(job["id"], TERMINAL, timeout=60)

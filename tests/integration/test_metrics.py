@@ -39,47 +39,98 @@ def test_cluster_queue_and_scheduler_metrics(control_plane, admin):
 
 def test_gateway_and_replica_metrics(control_plane):
     headers = {"Authorization": f"Bearer {control_plane.admin_token}"}
-    spec = {"kind": "service", "name": "metered", "model": "m", "engine": "simulated",
-            "resources": {"cpus": 0.5}, "replicas": {"min": 1, "max": 1}}
-    assert httpx.post(control_plane.url + "/v1/services", json={"spec": spec},
-                      headers=headers).status_code == 201  # fmt: skip
-    wait_for(lambda: value(scrape(control_plane), "aicluster_replicas", team="default",
-                           service="metered", status="READY") == 1, timeout=90, what="ready")  # fmt: skip
+    spec = {
+        "kind": "service",
+        "name": "metered",
+        "model": "m",
+        "engine": "simulated",
+        "resources": {"cpus": 0.5},
+        "replicas": {"min": 1, "max": 1},
+    }
+    assert (
+        httpx.post(
+            control_plane.url + "/v1/services", json={"spec": spec}, headers=headers
+        ).status_code
+        == 201
+    )
+    wait_for(
+        lambda: (
+            value(
+                scrape(control_plane),
+                "aicluster_replicas",
+                team="default",
+                service="metered",
+                status="READY",
+            )
+            == 1
+        ),
+        timeout=90,
+        what="ready",
+    )
     for i in range(3):
-        r = httpx.post(control_plane.url + "/v1/completions", headers=headers,
-                       json={"model": "metered", "prompt": f"p{i}", "max_tokens": 2})  # fmt: skip
+        r = httpx.post(
+            control_plane.url + "/v1/completions",
+            headers=headers,
+            json={"model": "metered", "prompt": f"p{i}", "max_tokens": 2},
+        )
         assert r.status_code == 200
     m = scrape(control_plane)
-    ok = sum(v for (name, labels), v in m.items()
-             if name == "aicluster_gateway_requests_total" and ("service", "metered") in labels
-             and ("code", "200") in labels)  # fmt: skip
+    ok = sum(
+        v
+        for (name, labels), v in m.items()
+        if name == "aicluster_gateway_requests_total"
+        and ("service", "metered") in labels
+        and ("code", "200") in labels
+    )
     assert ok == 3
-    ttfb = sum(v for (name, labels), v in m.items()
-               if name == "aicluster_gateway_time_to_first_byte_seconds_count"
-               and ("service", "metered") in labels)  # fmt: skip
+    ttfb = sum(
+        v
+        for (name, labels), v in m.items()
+        if name == "aicluster_gateway_time_to_first_byte_seconds_count"
+        and ("service", "metered") in labels
+    )
     assert ttfb == 3
-    assert value(m, "aicluster_gateway_request_seconds_count", team="default", service="metered") == 3
+    assert (
+        value(m, "aicluster_gateway_request_seconds_count", team="default", service="metered") == 3
+    )
     httpx.delete(control_plane.url + "/v1/services/metered", headers=headers)
 
 
 def test_metrics_agree_with_the_api(control_plane, admin):
-    job = admin.submit({"kind": "job", "name": "holder", "workers": 2,
-                        "resources": {"gpus": 1, "cpus": 1}, "command": "sleep 600"}, None)  # fmt: skip
+    job = admin.submit(
+        {
+            "kind": "job",
+            "name": "holder",
+            "workers": 2,
+            "resources": {"gpus": 1, "cpus": 1},
+            "command": "sleep 600",
+        },
+        None,
+    )
     admin.wait(job["id"], {"RUNNING"}, timeout=60)
     try:
         m = scrape(control_plane)
         nodes = [n for n in admin.nodes() if n["alive"]]
         for pool in {n["pool"] for n in nodes}:
             mine = [n for n in nodes if n["pool"] == pool]
-            assert value(m, "aicluster_gpus", pool=pool, kind="total") == sum(n["gpus"] for n in mine)
+            assert value(m, "aicluster_gpus", pool=pool, kind="total") == sum(
+                n["gpus"] for n in mine
+            )
             assert value(m, "aicluster_gpus", pool=pool, kind="allocated") == sum(
-                n["allocated"]["gpus"] for n in mine)
+                n["allocated"]["gpus"] for n in mine
+            )
             for state in {n["state"] for n in mine}:
                 count = sum(1 for n in mine if n["state"] == state)
                 assert value(m, "aicluster_nodes", pool=pool, state=state) == count
         assert value(m, "aicluster_team_gpus_allocated", team="default") >= 2
         running = len(admin.jobs(status=["RUNNING"]))
-        assert sum(v for (name, labels), v in m.items()
-                   if name == "aicluster_jobs" and ("status", "RUNNING") in labels) == running
+        assert (
+            sum(
+                v
+                for (name, labels), v in m.items()
+                if name == "aicluster_jobs" and ("status", "RUNNING") in labels
+            )
+            == running
+        )
     finally:
         admin.cancel(job["id"])

@@ -4,6 +4,7 @@ queue when it has restarts left, and no other job is touched."""
 from __future__ import annotations
 
 from aicluster.engine.protocol import GPU_MODEL_LABEL, POOL_LABEL
+
 from harness import COMMON_NODE_ARGS, TERMINAL, wait_for
 
 
@@ -11,9 +12,15 @@ def test_node_death_fails_or_requeues_its_jobs(ray_cluster, admin):
     cluster, _ = ray_cluster
     labels = {POOL_LABEL: "spot", GPU_MODEL_LABEL: "T4"}
     node = cluster.add_node(num_cpus=2, num_gpus=2, labels=labels, **COMMON_NODE_ARGS)
-    wait_for(lambda: any(n["gpu_model"] == "T4" and n["alive"] for n in admin.nodes()),
-             what="the T4 node")  # fmt: skip
-    spec = {"kind": "job", "command": "sleep 600", "resources": {"cpus": 1, "gpus": 1, "gpu_model": "T4"}}
+    wait_for(
+        lambda: any(n["gpu_model"] == "T4" and n["alive"] for n in admin.nodes()),
+        what="the T4 node",
+    )
+    spec = {
+        "kind": "job",
+        "command": "sleep 600",
+        "resources": {"cpus": 1, "gpus": 1, "gpu_model": "T4"},
+    }
     once = admin.submit({**spec, "name": "fragile"}, None)
     retry = admin.submit({**spec, "name": "resilient", "max_restarts": 1}, None)
     bystander = admin.submit({"kind": "job", "name": "bystander", "command": "sleep 600"}, None)
@@ -33,8 +40,10 @@ def test_node_death_fails_or_requeues_its_jobs(ray_cluster, admin):
         for e in requeued["events"]
     )
     # Its only T4 node is gone, so it waits and says why.
-    waiting = wait_for(lambda: (j := admin.job(retry["id"]))["message"] and "T4" in j["message"] and j,
-                       what="wait reason")  # fmt: skip
+    waiting = wait_for(
+        lambda: (j := admin.job(retry["id"]))["message"] and "T4" in j["message"] and j,
+        what="wait reason",
+    )
     assert "GPU model T4" in waiting["message"]
     assert admin.job(bystander["id"])["status"] == "RUNNING"
     assert any(e["type"] == "NodeLost" for e in admin.events())
@@ -52,18 +61,32 @@ def test_checkpointing_job_resumes_on_healthy_nodes_after_node_death(ray_cluster
 
     cluster, _ = ray_cluster
     labels = {POOL_LABEL: "ckpt", GPU_MODEL_LABEL: "V100"}
-    nodes = [cluster.add_node(num_cpus=2, num_gpus=1, labels=labels, **COMMON_NODE_ARGS)
-             for _ in range(3)]  # fmt: skip
-    wait_for(lambda: sum(n["gpu_model"] == "V100" and n["alive"] for n in admin.nodes()) == 3,
-             what="three V100 nodes")  # fmt: skip
+    nodes = [
+        cluster.add_node(num_cpus=2, num_gpus=1, labels=labels, **COMMON_NODE_ARGS)
+        for _ in range(3)
+    ]
+    wait_for(
+        lambda: sum(n["gpu_model"] == "V100" and n["alive"] for n in admin.nodes()) == 3,
+        what="three V100 nodes",
+    )
     example = Path(__file__).resolve().parents[2] / "examples" / "ddp-train"
-    spec = {"kind": "job", "name": "ddp-survivor", "workers": 2, "max_restarts": 1,
-            "resources": {"cpus": 1, "gpus": 1, "gpu_model": "V100"}, "working_dir": ".",
-            "command": "python train.py --steps 6000 --checkpoint-every 250"}  # fmt: skip
+    spec = {
+        "kind": "job",
+        "name": "ddp-survivor",
+        "workers": 2,
+        "max_restarts": 1,
+        "resources": {"cpus": 1, "gpus": 1, "gpu_model": "V100"},
+        "working_dir": ".",
+        "command": "python train.py --steps 6000 --checkpoint-every 250",
+    }
     job = admin.submit(spec, pack_workdir(example))
     first = admin.wait(job["id"], {"RUNNING"}, timeout=60)
-    wait_for(lambda: b"checkpoint saved step 1000 " in admin.logs(job["id"])[0], timeout=120,
-             interval=0.2, what="a few checkpoints")  # fmt: skip
+    wait_for(
+        lambda: b"checkpoint saved step 1000 " in admin.logs(job["id"])[0],
+        timeout=120,
+        interval=0.2,
+        what="a few checkpoints",
+    )
     # Checkpoints go to the artifact store, so the surviving nodes can resume from them.
     assert b"path default/ddp-survivor-ckpt:" in admin.logs(job["id"])[0]
     victim_id = first["placement"][1]
@@ -79,8 +102,10 @@ def test_checkpointing_job_resumes_on_healthy_nodes_after_node_death(ray_cluster
     log2 = admin.logs(job["id"], rank=0)[0].decode()
     resumed = int(re.search(r"resumed from step (\d+)", log2).group(1))
     assert resumed >= 1000
-    hashes = {re.search(r"params_sha256 (\w+)", admin.logs(job["id"], rank=r)[0].decode()).group(1)
-              for r in range(2)}  # fmt: skip
+    hashes = {
+        re.search(r"params_sha256 (\w+)", admin.logs(job["id"], rank=r)[0].decode()).group(1)
+        for r in range(2)
+    }
     assert len(hashes) == 1, "both ranks end with identical parameters"
     for node in nodes:
         if node is not victim:

@@ -6,18 +6,21 @@ from __future__ import annotations
 import httpx
 
 from aicluster.client.api import node_action
+
 from harness import wait_for
 
 
 def gpu_nodes(admin) -> list[dict]:
-    return sorted((n for n in admin.nodes() if n["pool"] == "gpu" and n["alive"]),
-                  key=lambda n: n["node_id"])  # fmt: skip
+    return sorted(
+        (n for n in admin.nodes() if n["pool"] == "gpu" and n["alive"]), key=lambda n: n["node_id"]
+    )
 
 
 def test_health_agents_report_every_node(admin):
     def reported():
         nodes = gpu_nodes(admin)
         return len(nodes) >= 2 and all(n["checks"] for n in nodes) and nodes
+
     nodes = wait_for(reported, timeout=60, what="health reports")
     for n in nodes:
         assert n["state"] == "Ready"
@@ -30,8 +33,16 @@ def test_cordon_keeps_new_work_off(admin):
     a, b = gpu_nodes(admin)[:2]
     assert node_action(admin, a["node_id"][:12], "cordon")["state"] == "Cordoned"
     try:
-        job = admin.submit({"kind": "job", "name": "needs-both", "workers": 2,
-                            "resources": {"gpus": 2}, "command": "true"}, None)  # fmt: skip
+        job = admin.submit(
+            {
+                "kind": "job",
+                "name": "needs-both",
+                "workers": 2,
+                "resources": {"gpus": 2},
+                "command": "true",
+            },
+            None,
+        )
         waiting = wait_for(lambda: (j := admin.job(job["id"]))["message"] and j, what="reason")
         assert waiting["status"] == "PENDING"
     finally:
@@ -40,7 +51,9 @@ def test_cordon_keeps_new_work_off(admin):
     assert done["status"] == "SUCCEEDED"
     events = [e for e in admin.events(object_id=a["node_id"]) if e["type"] == "NodeStateChanged"]
     assert [(e["from_status"], e["to_status"]) for e in events][-2:] == [
-        ("Ready", "Cordoned"), ("Cordoned", "Ready")]
+        ("Ready", "Cordoned"),
+        ("Cordoned", "Ready"),
+    ]
 
 
 def test_only_admins_cordon(control_plane, admin):
@@ -48,8 +61,9 @@ def test_only_admins_cordon(control_plane, admin):
         admin.create_team("team-n")
     token = admin.create_token("nina", team="team-n")["token"]
     node = gpu_nodes(admin)[0]["node_id"]
-    r = httpx.post(f"{control_plane.url}/v1/nodes/{node}/cordon",
-                   headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+    r = httpx.post(
+        f"{control_plane.url}/v1/nodes/{node}/cordon", headers={"Authorization": f"Bearer {token}"}
+    )
     assert r.status_code == 403
 
 
@@ -57,39 +71,63 @@ def test_drain_moves_replicas_then_requeues_jobs(control_plane, admin):
     headers = {"Authorization": f"Bearer {control_plane.admin_token}"}
     a, b = gpu_nodes(admin)[:2]
     # A job and a replica pinned onto node a by filling node b first.
-    filler = admin.submit({"kind": "job", "name": "filler", "resources": {"cpus": 4},
-                           "command": "sleep 600"}, None)  # fmt: skip
+    filler = admin.submit(
+        {"kind": "job", "name": "filler", "resources": {"cpus": 4}, "command": "sleep 600"}, None
+    )
     admin.wait(filler["id"], {"RUNNING"}, timeout=60)
     filled = admin.job(filler["id"])["placement"][0]
     target = a if filled == b["node_id"] else b
     other = b if target is a else a
-    job = admin.submit({"kind": "job", "name": "drained", "command": "sleep 600",
-                        "max_restarts": 0}, None)  # fmt: skip
+    job = admin.submit(
+        {"kind": "job", "name": "drained", "command": "sleep 600", "max_restarts": 0}, None
+    )
     admin.wait(job["id"], {"RUNNING"}, timeout=60)
     assert admin.job(job["id"])["placement"] == [target["node_id"]]
-    spec = {"kind": "service", "name": "mover", "model": "m", "engine": "simulated",
-            "resources": {"cpus": 0.5}, "replicas": {"min": 1, "max": 1}}
+    spec = {
+        "kind": "service",
+        "name": "mover",
+        "model": "m",
+        "engine": "simulated",
+        "resources": {"cpus": 0.5},
+        "replicas": {"min": 1, "max": 1},
+    }
     httpx.post(control_plane.url + "/v1/services", json={"spec": spec}, headers=headers)
 
     def replica():
         reps = httpx.get(control_plane.url + "/v1/services/mover", headers=headers).json()
         return [r for r in reps["replicas"] if r["status"] == "READY"]
+
     first = wait_for(replica, timeout=90, what="a ready replica")[0]
     assert first["node_id"] == target["node_id"]
     admin.cancel(filler["id"])
 
     node_action(admin, target["node_id"][:12], "drain", grace_s=0)
-    moved = wait_for(lambda: (r := replica()) and r[0]["node_id"] == other["node_id"] and r,
-                     timeout=90, what="the replica to move")  # fmt: skip
+    moved = wait_for(
+        lambda: (r := replica()) and r[0]["node_id"] == other["node_id"] and r,
+        timeout=90,
+        what="the replica to move",
+    )
     assert moved[0]["id"] != first["id"]
-    requeued = wait_for(lambda: (j := admin.job(job["id"]))["attempt"] == 2
-                        and j["status"] == "RUNNING" and j, timeout=60, what="requeue")  # fmt: skip
+    requeued = wait_for(
+        lambda: (j := admin.job(job["id"]))["attempt"] == 2 and j["status"] == "RUNNING" and j,
+        timeout=60,
+        what="requeue",
+    )
     assert requeued["placement"] == [other["node_id"]] and requeued["restarts"] == 0
     assert any((e["message"] or "").startswith("node_drained") for e in requeued["events"])
     started = [e for e in requeued["events"] if e["to_status"] == "RUNNING"]
-    assert started[-1]["message"].startswith("recovered ") and "after node_drained" in started[-1]["message"]
-    wait_for(lambda: next(n for n in admin.nodes() if n["node_id"] == target["node_id"])["state"]
-             == "Cordoned", timeout=30, what="the drained node to be cordoned")  # fmt: skip
+    assert (
+        started[-1]["message"].startswith("recovered ")
+        and "after node_drained" in started[-1]["message"]
+    )
+    wait_for(
+        lambda: (
+            next(n for n in admin.nodes() if n["node_id"] == target["node_id"])["state"]
+            == "Cordoned"
+        ),
+        timeout=30,
+        what="the drained node to be cordoned",
+    )
     node_action(admin, target["node_id"][:12], "uncordon")
     admin.cancel(job["id"])
     httpx.delete(control_plane.url + "/v1/services/mover", headers=headers)

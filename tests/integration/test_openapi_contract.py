@@ -8,7 +8,6 @@ the teams, tokens and objects that generated admin calls create cannot reach oth
 
 from __future__ import annotations
 
-
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -23,8 +22,11 @@ pytestmark = pytest.mark.ray
 EXAMPLES = 25  # per operation, mode and token: the whole test stays within ~3 minutes
 # The gateway's OpenAI routes answer errors in OpenAI's format, not the API's ErrorBody.
 OPENAI_ROUTES = {
-    "GET /v1/models", "POST /v1/completions", "POST /v1/chat/completions", "POST /v1/embeddings",
-}  # fmt: skip
+    "GET /v1/models",
+    "POST /v1/completions",
+    "POST /v1/chat/completions",
+    "POST /v1/embeddings",
+}
 # The artifacts layer's routes are exercised by schemathesis but declare their own errors.
 UNDECLARED_PREFIXES = ("/v1/artifacts",)
 
@@ -32,8 +34,9 @@ UNDECLARED_PREFIXES = ("/v1/artifacts",)
 @pytest.fixture(scope="module")
 def contract_cp(session_home, ray_cluster):
     cluster, _ = ray_cluster
-    cp = ControlPlaneProc(session_home / "cp-contract", cluster.address, free_port(),
-                          shared=session_home / "shared")  # fmt: skip
+    cp = ControlPlaneProc(
+        session_home / "cp-contract", cluster.address, free_port(), shared=session_home / "shared"
+    )
     cp.start()
     yield cp
     cp.stop()
@@ -44,8 +47,9 @@ def tokens(contract_cp):
     admin = contract_cp.client()
     admin.create_team("contract-a")
     member = admin.create_token("contract-member", team="contract-a")["token"]
-    admin.submit({"kind": "job", "name": "contract-job", "team": "contract-a",
-                  "command": "true"}, None)  # fmt: skip
+    admin.submit(
+        {"kind": "job", "name": "contract-job", "team": "contract-a", "command": "true"}, None
+    )
     return {"admin": contract_cp.admin_token, "member": member}
 
 
@@ -62,19 +66,26 @@ def _operations(url: str):
 def _exercise(op, url: str, token: str, failures: list) -> None:
     strategy = op.as_strategy(GenerationMode.POSITIVE) | op.as_strategy(GenerationMode.NEGATIVE)
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-              phases=[Phase.explicit, Phase.generate],
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=strategy)
     def run(case):
         headers = {"Authorization": f"Bearer {token}"}
         response = case.call(base_url=url, headers=headers, timeout=30)
         try:
-            case.validate_response(response, checks=[not_a_server_error, status_code_conformance],
-                                   headers=headers)  # fmt: skip
+            case.validate_response(
+                response, checks=[not_a_server_error, status_code_conformance], headers=headers
+            )
         except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - gather every failure
-            failures.append(f"{op.method.upper()} {op.path} -> {response.status_code}: "
-                            f"{str(exc)[:300]}")  # fmt: skip
+            failures.append(
+                f"{op.method.upper()} {op.path} -> {response.status_code}: {str(exc)[:300]}"
+            )
 
     run()
 
@@ -87,8 +98,13 @@ def test_every_operation_keeps_the_documented_contract(contract_cp, tokens, role
     for label, op in _operations(contract_cp.url):
         labels.append(label)
         _exercise(op, contract_cp.url, tokens[role], failures)
-    assert {"POST /v1/jobs", "POST /v1/services", "POST /v1/artifacts/uploads", "GET /metrics",
-            "POST /v1/chat/completions"} <= set(labels)  # fmt: skip
+    assert {
+        "POST /v1/jobs",
+        "POST /v1/services",
+        "POST /v1/artifacts/uploads",
+        "GET /metrics",
+        "POST /v1/chat/completions",
+    } <= set(labels)
     assert not failures, "\n".join(dict.fromkeys(failures))
 
 
@@ -109,5 +125,3 @@ def test_every_v1_route_declares_its_error_statuses(contract_cp):
             for code in codes - {"200", "201", "204"}:
                 schema = op["responses"][code]["content"]["application/json"]["schema"]
                 assert schema == {"$ref": "#/components/schemas/ErrorBody"}, f"{method} {path}"
-
-

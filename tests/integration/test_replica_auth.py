@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from aicluster.runtime.replica_auth import SECRET_ENV, SECRET_HEADER
+
 from harness import wait_for
 
 
@@ -20,12 +21,21 @@ def api(cp, method: str, path: str, **kw) -> httpx.Response:
 
 @pytest.fixture(scope="module")
 def guarded(control_plane):
-    spec = {"kind": "service", "name": "guarded", "model": "guarded-model",
-            "engine": "simulated", "resources": {"cpus": 0.5},
-            "replicas": {"min": 1, "max": 1}, "readiness_timeout_s": 60}  # fmt: skip
+    spec = {
+        "kind": "service",
+        "name": "guarded",
+        "model": "guarded-model",
+        "engine": "simulated",
+        "resources": {"cpus": 0.5},
+        "replicas": {"min": 1, "max": 1},
+        "readiness_timeout_s": 60,
+    }
     assert api(control_plane, "POST", "/v1/services", json={"spec": spec}).status_code == 201
-    wait_for(lambda: api(control_plane, "GET", "/v1/services/guarded").json()["ready"] == 1,
-             timeout=90, what="a ready replica")  # fmt: skip
+    wait_for(
+        lambda: api(control_plane, "GET", "/v1/services/guarded").json()["ready"] == 1,
+        timeout=90,
+        what="a ready replica",
+    )
     svc = api(control_plane, "GET", "/v1/services/guarded").json()
     yield next(r for r in svc["replicas"] if r["status"] == "READY")
     api(control_plane, "DELETE", "/v1/services/guarded")
@@ -34,8 +44,11 @@ def guarded(control_plane):
 def _secret_of(url: str) -> str:
     """The replica's secret, read from the environment of the process serving `url`."""
     port = int(url.rsplit(":", 1)[1])
-    pids = [c.pid for c in psutil.net_connections("tcp")
-            if c.status == "LISTEN" and c.laddr.port == port and c.pid]  # fmt: skip
+    pids = [
+        c.pid
+        for c in psutil.net_connections("tcp")
+        if c.status == "LISTEN" and c.laddr.port == port and c.pid
+    ]
     assert pids, "no process listens on the replica's port"
     return psutil.Process(pids[0]).environ()[SECRET_ENV]
 
@@ -48,14 +61,18 @@ def test_a_replica_refuses_direct_requests_without_its_secret(control_plane, gua
     assert r.status_code == 401
     assert httpx.get(url + "/v1/models", headers={SECRET_HEADER: "guess"}).status_code == 401
     secret = _secret_of(url)
-    ok = httpx.post(url + "/v1/completions", headers={SECRET_HEADER: secret},
-                    json={"model": "guarded", "prompt": "hi", "max_tokens": 2})  # fmt: skip
+    ok = httpx.post(
+        url + "/v1/completions",
+        headers={SECRET_HEADER: secret},
+        json={"model": "guarded", "prompt": "hi", "max_tokens": 2},
+    )
     assert ok.status_code == 200
 
 
 def test_the_same_request_through_the_gateway_works(control_plane, guarded):
-    client = openai.OpenAI(base_url=control_plane.url + "/v1", api_key=control_plane.admin_token,
-                           max_retries=0)  # fmt: skip
+    client = openai.OpenAI(
+        base_url=control_plane.url + "/v1", api_key=control_plane.admin_token, max_retries=0
+    )
     out = client.completions.create(model="guarded", prompt="hi", max_tokens=2)
     assert out.choices[0].text
     out = client.completions.create(model="default/guarded", prompt="hi", max_tokens=2)

@@ -14,6 +14,7 @@ import pytest
 from aicluster.client import artifacts as arts
 from aicluster.runtime.sandbox import node_can_sandbox
 from aicluster.runtime.worker import work_root
+
 from harness import TERMINAL, wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -62,8 +63,15 @@ def tenants(admin, control_plane, tmp_path_factory):
     src = tmp_path_factory.mktemp("weights")
     (src / "w.bin").write_bytes(b"team-a-weights")
     arts.push(a, src, "weights", "model")
-    job = a.submit({"kind": "job", "name": "a-secret", "team": "sbx-a", "command":
-                    "echo A-SECRET-7c1f > mine.txt; echo A-LOG-SECRET-7c1f; sleep 600"}, None)  # fmt: skip
+    job = a.submit(
+        {
+            "kind": "job",
+            "name": "a-secret",
+            "team": "sbx-a",
+            "command": "echo A-SECRET-7c1f > mine.txt; echo A-LOG-SECRET-7c1f; sleep 600",
+        },
+        None,
+    )
     a.wait(job["id"], {"RUNNING"}, timeout=60)
     wait_for(lambda: b"A-LOG-SECRET" in a.logs(job["id"])[0], what="team A's log line")
     yield {"a": a, "b": b, "a_job": job}
@@ -83,18 +91,20 @@ def test_a_job_cannot_read_the_platform_or_another_team(control_plane, tenants):
     ray_token_path = os.environ["RAY_AUTH_TOKEN_PATH"]
     work = work_root()  # the nodes share this test session's environment
     assert (work / f"{a_id}-a1-r0" / "workdir" / "mine.txt").exists()
-    cmd = "; ".join([
-        "id -u",
-        'echo home-ok > "$HOME/f" && cat "$HOME/f" && echo tmp-ok > "$TMPDIR/f" && cat "$TMPDIR/f"',
-        f"cat {home}/admin.token",
-        f"head -c 16 {home}/state.db",
-        f"ls -R {home}",
-        f"cat {ray_token_path}",
-        f"cat {work}/{a_id}-a1-r0/output.log {work}/{a_id}-a1-r0/workdir/mine.txt",
-        f"echo LS-BEGIN; ls -a {work}/ {os.path.expanduser('~')}; echo LS-END",
-        "env",
-        "echo END",
-    ])  # fmt: skip
+    cmd = "; ".join(
+        [
+            "id -u",
+            'echo home-ok > "$HOME/f" && cat "$HOME/f" && echo tmp-ok > "$TMPDIR/f" && cat "$TMPDIR/f"',
+            f"cat {home}/admin.token",
+            f"head -c 16 {home}/state.db",
+            f"ls -R {home}",
+            f"cat {ray_token_path}",
+            f"cat {work}/{a_id}-a1-r0/output.log {work}/{a_id}-a1-r0/workdir/mine.txt",
+            f"echo LS-BEGIN; ls -a {work}/ {os.path.expanduser('~')}; echo LS-END",
+            "env",
+            "echo END",
+        ]
+    )
     done, log = run_job(tenants["b"], cmd, "b-snoop")
     assert "END" in log and "home-ok" in log and "tmp-ok" in log, log
     assert control_plane.admin_token not in log
@@ -120,15 +130,24 @@ def test_a_jobs_token_is_scoped_to_its_team_and_its_checkpoints(control_plane, t
     from aicluster.client.api import pack_workdir
 
     a_id = tenants["a_job"]["id"]
-    job = tenants["b"].submit({"kind": "job", "name": "b-probe", "team": "sbx-b", "working_dir": ".",
-                               "command": f"python probe.py {a_id}; echo TOKEN=$AICLUSTER_TOKEN"},
-                              pack_workdir(tmp_path))  # fmt: skip
+    job = tenants["b"].submit(
+        {
+            "kind": "job",
+            "name": "b-probe",
+            "team": "sbx-b",
+            "working_dir": ".",
+            "command": f"python probe.py {a_id}; echo TOKEN=$AICLUSTER_TOKEN",
+        },
+        pack_workdir(tmp_path),
+    )
     done = tenants["b"].wait(job["id"], TERMINAL, timeout=90)
     log = tenants["b"].logs(job["id"])[0].decode()
     assert done["status"] == "SUCCEEDED", log
     probe = json.loads(log.split("PROBE ", 1)[1].splitlines()[0])
     status, who = probe["whoami"]
-    assert status == 200 and json.loads(who)["team"] == "sbx-b" and json.loads(who)["role"] == "member"
+    assert (
+        status == 200 and json.loads(who)["team"] == "sbx-b" and json.loads(who)["role"] == "member"
+    )
     assert probe["mint"] == 403 and probe["jobs"] == 403
     assert probe["a_job"] == 403 and probe["a_cancel"] == 403
     assert probe["a_artifact"] == 404, "team A's artifact is invisible to team B's job"
@@ -143,8 +162,15 @@ def test_an_admins_job_is_not_an_admin(admin, tmp_path):
     (tmp_path / "probe.py").write_text(PROBE)
     from aicluster.client.api import pack_workdir
 
-    job = admin.submit({"kind": "job", "name": "admin-probe", "working_dir": ".",
-                        "command": "python probe.py nothing"}, pack_workdir(tmp_path))  # fmt: skip
+    job = admin.submit(
+        {
+            "kind": "job",
+            "name": "admin-probe",
+            "working_dir": ".",
+            "command": "python probe.py nothing",
+        },
+        pack_workdir(tmp_path),
+    )
     done = admin.wait(job["id"], TERMINAL, timeout=90)
     log = admin.logs(job["id"])[0].decode()
     assert done["status"] == "SUCCEEDED", log

@@ -46,8 +46,9 @@ def migrated_template(folder: Path) -> Path:
     return path
 
 
-def open_test_store(tmp_path: Path, clock=None, teams: tuple[str, ...] = ("default",),
-                    template: Path | None = None) -> Store:  # fmt: skip
+def open_test_store(
+    tmp_path: Path, clock=None, teams: tuple[str, ...] = ("default",), template: Path | None = None
+) -> Store:
     """A fresh SQLite store under `tmp_path` (a copy of `template` when given), with
     `teams` and an admin user `admin`."""
     path = tmp_path / "state.db"
@@ -60,12 +61,29 @@ def open_test_store(tmp_path: Path, clock=None, teams: tuple[str, ...] = ("defau
     return store
 
 
-def node(node_id: str, *, gpus: int = 0, cpus: float = 8.0, memory: int = 64 * GiB,
-         pool: str = "default", gpu_model: str | None = None, alive: bool = True,
-         labels: dict[str, str] | None = None) -> NodeInfo:  # fmt: skip
-    return NodeInfo(node_id=node_id, name=f"host-{node_id}", address=f"{node_id}.nodes.test",
-                    alive=alive, cpus=cpus, memory=memory, gpus=gpus, gpu_model=gpu_model,
-                    pool=pool, labels=dict(labels or {}))  # fmt: skip
+def node(
+    node_id: str,
+    *,
+    gpus: int = 0,
+    cpus: float = 8.0,
+    memory: int = 64 * GiB,
+    pool: str = "default",
+    gpu_model: str | None = None,
+    alive: bool = True,
+    labels: dict[str, str] | None = None,
+) -> NodeInfo:
+    return NodeInfo(
+        node_id=node_id,
+        name=f"host-{node_id}",
+        address=f"{node_id}.nodes.test",
+        alive=alive,
+        cpus=cpus,
+        memory=memory,
+        gpus=gpus,
+        gpu_model=gpu_model,
+        pool=pool,
+        labels=dict(labels or {}),
+    )
 
 
 @dataclass
@@ -123,8 +141,9 @@ class FakeEngine:
             keys = sorted(k for k in self.gangs if k[0] == job_id)
             return self.gangs[keys[-1]]
 
-    def exit(self, job_id: str, code: int = 0, ranks: list[int] | None = None,
-             log: bytes = b"") -> None:  # fmt: skip
+    def exit(
+        self, job_id: str, code: int = 0, ranks: list[int] | None = None, log: bytes = b""
+    ) -> None:
         """Ranks (all by default) of the job's newest gang exit with `code`, writing `log`."""
         gang = self.gang(job_id)
         with self._lock:
@@ -182,8 +201,9 @@ class FakeEngine:
                     out.append(WorkerState(rank, lost=True))
                     continue
                 w = gang.workers[rank]
-                out.append(WorkerState(rank, True, w.exit_code, False, w.log[offset:],
-                                       pid=10_000 + rank))  # fmt: skip
+                out.append(
+                    WorkerState(rank, True, w.exit_code, False, w.log[offset:], pid=10_000 + rank)
+                )
             return out
 
     def stop(self, job_id: str, attempt: int, workers: int) -> None:
@@ -201,8 +221,9 @@ class FakeEngine:
                 raise LaunchError("rank 0 is gone; its outputs cannot be read")
             return list(self.outputs.get((job_id, path), []))
 
-    def upload_output(self, job_id: str, attempt: int, path: str, digests: list[str],
-                      storage) -> int:  # fmt: skip
+    def upload_output(
+        self, job_id: str, attempt: int, path: str, digests: list[str], storage
+    ) -> int:
         with self._lock:
             if (job_id, attempt) not in self.gangs:
                 raise LaunchError("rank 0 is gone; its outputs cannot be read")
@@ -223,8 +244,9 @@ class FakeAgents:
         self.ensured += [n.node_id for n in nodes if n.alive and n.node_id not in self.ensured]
 
     def reports(self, nodes: list[NodeInfo], commands: dict[str, str]):
-        return {n.node_id: self.health.get(n.node_id, healthy()) if n.alive else None
-                for n in nodes}  # fmt: skip
+        return {
+            n.node_id: self.health.get(n.node_id, healthy()) if n.alive else None for n in nodes
+        }
 
 
 def healthy() -> HealthReport:

@@ -15,7 +15,7 @@ def qsnap(nodes, pending, running=(), quotas=()) -> Snapshot:
     held = {}
     for r in running:
         for nid in r.placement:
-            held[nid] = held.get(nid, None)
+            held[nid] = held.get(nid)
             used[nid] += 1
     views = []
     for n in nodes:
@@ -43,9 +43,7 @@ def apply(snap: Snapshot, decisions, clock: float = 0.0) -> Snapshot:
             r = runs.pop(d.workload_id)
             for nid, k in Counter(r.placement).items():
                 n = nodes[nid]
-                nodes[nid] = replace(
-                    n, allocated=n.allocated - r.gang.per_worker.scale(k)
-                )
+                nodes[nid] = replace(n, allocated=n.allocated - r.gang.per_worker.scale(k))
             pending[r.workload_id] = r.gang
     for d in decisions:
         if isinstance(d, Admit):
@@ -56,8 +54,9 @@ def apply(snap: Snapshot, decisions, clock: float = 0.0) -> Snapshot:
             for nid, k in Counter(d.placement).items():
                 n = nodes[nid]
                 nodes[nid] = replace(n, allocated=n.allocated + g.per_worker.scale(k))
-    return Snapshot(tuple(nodes.values()), tuple(pending.values()), tuple(runs.values()),
-                    snap.quotas)  # fmt: skip
+    return Snapshot(
+        tuple(nodes.values()), tuple(pending.values()), tuple(runs.values()), snap.quotas
+    )
 
 
 def q(team, gpus, **kw) -> Quota:

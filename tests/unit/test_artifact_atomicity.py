@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import signal
 
-from artifact_support import (  # noqa: F401
+from aicluster.artifacts import parse_ref
+
+from artifact_support import (
     artifacts,
     home,
     make_tree,
@@ -19,8 +21,6 @@ from artifact_support import (  # noqa: F401
     storage,
     worker,
 )
-
-from aicluster.artifacts import parse_ref
 
 FILES = 8
 SIZE = 256 << 10  # 4 chunks of 64 KiB each

@@ -7,11 +7,12 @@ import os
 import time
 
 import pytest
-from artifact_support import artifacts, home, make_tree, read_tree, s3_server, worker  # noqa: F401
 
 from aicluster.artifacts import FileEntry, Manifest, parse_ref
 from aicluster.runtime.cache import BlobCache, CacheCorrupt, release
 from aicluster.store.artifacts import StorageConfig
+
+from artifact_support import artifacts, home, make_tree, read_tree, s3_server, worker
 
 KIB = 1024
 
@@ -84,7 +85,9 @@ def test_lru_eviction_keeps_recent_and_linked_blobs(tmp_path):
     assert not any(cache.has(d) for d in old[1])  # least recently used: evicted
     assert cache.evict(target_bytes=0) == 40 * KIB  # only m0 can go ...
     assert all(cache.has(d) for d in new)  # ... blobs linked into ./new stay
-    assert read_tree(tmp_path / "new") == {f.path: new[f.sha256] for f in manifest_of("n", new).files}
+    assert read_tree(tmp_path / "new") == {
+        f.path: new[f.sha256] for f in manifest_of("n", new).files
+    }
 
 
 def test_a_corrupt_fetch_is_not_cached(tmp_path):
@@ -102,7 +105,9 @@ def test_an_existing_different_folder_is_refused(tmp_path):
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "other").write_text("x")
     with pytest.raises(FileExistsError, match="does not hold t/m:1"):
-        BlobCache(tmp_path / "c", 1 << 20).materialise(manifest_of("m", blobs), tmp_path / "d", Source(blobs))
+        BlobCache(tmp_path / "c", 1 << 20).materialise(
+            manifest_of("m", blobs), tmp_path / "d", Source(blobs)
+        )
 
 
 def test_two_processes_materialise_at_once_and_fetch_each_blob_once(
@@ -112,9 +117,11 @@ def test_two_processes_materialise_at_once_and_fetch_each_blob_once(
     artifacts.push_folder(make_tree(tmp_path / "src", files), parse_ref("t/m"), "model")
     go, cache = tmp_path / "go", tmp_path / "cache"
     procs = [
-        worker("materialise", home, storage, "t/m", str(cache), str(tmp_path / "dest"), "--go", str(go))
+        worker(
+            "materialise", home, storage, "t/m", str(cache), str(tmp_path / "dest"), "--go", str(go)
+        )
         for _ in range(2)
-    ]  # fmt: skip
+    ]
     go.touch()
     fetched = []
     for p in procs:

@@ -12,12 +12,13 @@ import hashlib
 import os
 
 import pytest
-from artifact_support import artifacts, home, make_tree, s3_server, storage  # noqa: F401
 
 from aicluster.artifacts import ManifestError, RefError, parse_ref
 from aicluster.artifacts.manifest import MAX_FILES, MAX_SIZE, check_files
 from aicluster.artifacts.names import MAX_VERSION
 from aicluster.store.artifacts import BlobCorrupt, MissingBlobs
+
+from artifact_support import artifacts, home, make_tree, s3_server, storage
 
 R = parse_ref
 
@@ -61,9 +62,15 @@ def test_paths_that_are_fine_pass():
 
 @pytest.mark.parametrize(
     "size, says",
-    [(-1, "non-negative"), (MAX_SIZE + 1, f"over {MAX_SIZE}"), (1.5, "non-negative integer"),
-     (True, "non-negative integer"), ("5", "non-negative integer"), (float("inf"), "integer")],
-)  # fmt: skip
+    [
+        (-1, "non-negative"),
+        (MAX_SIZE + 1, f"over {MAX_SIZE}"),
+        (1.5, "non-negative integer"),
+        (True, "non-negative integer"),
+        ("5", "non-negative integer"),
+        (float("inf"), "integer"),
+    ],
+)
 def test_declared_sizes_must_be_bounded_integers(size, says):
     with pytest.raises(ManifestError, match=rf"files\[0\] 'f': size.*{says}"):
         check_files([entry("f", size)], strict=True)

@@ -9,12 +9,13 @@ import hashlib
 import os
 
 import pytest
-from artifact_support import artifacts, home, make_tree, read_tree, s3_server, storage  # noqa: F401
 
 from aicluster.artifacts import parse_ref
 from aicluster.artifacts.manifest import FileEntry
 from aicluster.store.artifacts import BlobCorrupt, MissingBlobs
 from aicluster.store.db import Conflict, NotFound
+
+from artifact_support import artifacts, home, make_tree, read_tree, s3_server, storage
 
 R = parse_ref
 
@@ -43,7 +44,9 @@ def test_identical_files_are_stored_once(artifacts, tmp_path):
     file_blobs = {sha(same), sha(b"other")}
     assert file_blobs <= set(blobs)
     assert len(blobs) == 2 + 2  # two file blobs, one manifest per version
-    up, missing = artifacts.begin_upload(R("t/d"), "dataset", [FileEntry("x", len(same), sha(same))])
+    up, missing = artifacts.begin_upload(
+        R("t/d"), "dataset", [FileEntry("x", len(same), sha(same))]
+    )
     assert missing == []  # nothing to send: resumable and dedup'd by construction
 
 

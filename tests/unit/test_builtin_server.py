@@ -42,12 +42,19 @@ class Server:
 
     def __init__(self, tmp: Path, model: str, name: str) -> None:
         self.name, self.log_path = name, tmp / f"server-{name}.log"
-        self.plan = build_launch("builtin", model=model, host="127.0.0.1", port=free_port(),
-                                 served_model_name=name, python=sys.executable,
-                                 base_env=dict(os.environ))  # fmt: skip
+        self.plan = build_launch(
+            "builtin",
+            model=model,
+            host="127.0.0.1",
+            port=free_port(),
+            served_model_name=name,
+            python=sys.executable,
+            base_env=dict(os.environ),
+        )
         with self.log_path.open("w") as log:
-            self.proc = subprocess.Popen(list(self.plan.argv), env=dict(self.plan.env),
-                                         stdout=log, stderr=log)  # fmt: skip
+            self.proc = subprocess.Popen(
+                list(self.plan.argv), env=dict(self.plan.env), stdout=log, stderr=log
+            )
 
     def wait_ready(self) -> str:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -78,8 +85,9 @@ def servers(tmp_path_factory) -> Iterator[dict[str, Server]]:
     tmp = tmp_path_factory.mktemp("builtin")
     torch.manual_seed(0)
     vocab = CharTokenizer.from_text("abcdefghijklmnopqrstuvwxyz .,:\n").vocab
-    save_model(CharLM(CharLMConfig(vocab=vocab, n_embd=32, n_layer=1, block_size=32)),
-               tmp / "model")  # fmt: skip
+    save_model(
+        CharLM(CharLMConfig(vocab=vocab, n_embd=32, n_layer=1, block_size=32)), tmp / "model"
+    )
     started: dict[str, Server] = {}
     try:
         if has_embeddings():
@@ -115,10 +123,12 @@ def test_async_chat(lm_url):
     async def main() -> list[openai.types.chat.ChatCompletion]:
         c = openai.AsyncOpenAI(base_url=lm_url + "/v1", api_key="unused", max_retries=0)
         msgs = [{"role": "user", "content": "hello"}]
-        return await asyncio.gather(*(
-            c.chat.completions.create(model=NAME, messages=msgs, max_tokens=8, seed=i)
-            for i in range(6)
-        ))  # fmt: skip
+        return await asyncio.gather(
+            *(
+                c.chat.completions.create(model=NAME, messages=msgs, max_tokens=8, seed=i)
+                for i in range(6)
+            )
+        )
 
     replies = asyncio.run(main())
     for r in replies:
@@ -130,10 +140,16 @@ def test_streaming_chat_sends_chunks_that_add_up_to_the_whole_answer(lm_url):
     c = client(lm_url)
     msgs = [{"role": "user", "content": "tell me a story"}]
     whole = c.chat.completions.create(model=NAME, messages=msgs, max_tokens=20, seed=3)
-    chunks = list(c.chat.completions.create(
-        model=NAME, messages=msgs, max_tokens=20, seed=3, stream=True,
-        stream_options={"include_usage": True},
-    ))  # fmt: skip
+    chunks = list(
+        c.chat.completions.create(
+            model=NAME,
+            messages=msgs,
+            max_tokens=20,
+            seed=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
     text = [d.content for d in deltas if d.content]
     assert len(text) >= 5
@@ -211,8 +227,14 @@ def test_slots_bound_holders_and_refuse_beyond_the_queue():
 
 def test_launch_plan_flags_are_the_servers_flags(tmp_path):
     args = {"embedding_model": "all-minilm-l6-v2", "max_concurrency": 2}
-    plan = build_launch("builtin", model="~/ckpt/char-lm", host="127.0.0.1", port=9,
-                        served_model_name="svc", engine_args=args)  # fmt: skip
+    plan = build_launch(
+        "builtin",
+        model="~/ckpt/char-lm",
+        host="127.0.0.1",
+        port=9,
+        served_model_name="svc",
+        engine_args=args,
+    )
     host, port, opts = parse_args(plan.argv[3:])
     assert (host, port, opts.served_model_name, opts.max_concurrency) == ("127.0.0.1", 9, "svc", 2)
     assert opts.model == os.path.expanduser("~/ckpt/char-lm")
@@ -223,8 +245,11 @@ def test_launch_plan_flags_are_the_servers_flags(tmp_path):
 def test_embeddings_server(servers):
     url = servers["embed"].wait_ready()
     c = client(url)
-    texts = ["A cat sleeps on the warm mat.", "A kitten naps on a rug.",
-             "Interest rates rose by half a point."]  # fmt: skip
+    texts = [
+        "A cat sleeps on the warm mat.",
+        "A kitten naps on a rug.",
+        "Interest rates rose by half a point.",
+    ]
     r = c.embeddings.create(model="embed", input=texts)  # the client asks for base64
     vecs = [d.embedding for d in r.data]
     assert [len(v) for v in vecs] == [384] * 3 and r.usage.prompt_tokens > 0

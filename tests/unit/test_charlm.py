@@ -97,10 +97,29 @@ def test_train_script_lowers_the_loss_and_saves_to_the_platform_checkpoint_dir(t
     out = tmp_path / "ckpt"  # a job's AICLUSTER_CHECKPOINT_DIR is the default --out
     env = dict(os.environ, AICLUSTER_CHECKPOINT_DIR=str(out))
     env.pop("RANK", None)
-    args = ["--steps", "60", "--log-every", "10", "--n-embd", "32", "--batch-size", "16",
-            "--block-size", "32", "--sample-chars", "20"]  # fmt: skip
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    args = [
+        "--steps",
+        "60",
+        "--log-every",
+        "10",
+        "--n-embd",
+        "32",
+        "--batch-size",
+        "16",
+        "--block-size",
+        "32",
+        "--sample-chars",
+        "20",
+    ]
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     losses = [float(m[1]) for m in STEP_RE.findall(proc.stdout)]
     assert len(losses) == 7  # step 1 and every 10th up to 60

@@ -61,7 +61,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(m)
         for n in sorted(graph.get(m, ())):
             if state.get(n) == 1:
-                return path[path.index(n):] + [n]
+                return path[path.index(n) :] + [n]
             if n not in state and (cycle := visit(n)):
                 return cycle
         path.pop()
@@ -96,8 +96,10 @@ def test_client_imports_no_cli_and_no_store():
 
 def _loaded(module: str, names: tuple[str, ...]) -> list[str]:
     """Those of `names` (packages, with their submodules) that importing `module` loads."""
-    code = (f"import sys, {module}; names = {names!r}; print(sorted(m for m in sys.modules "
-            "if any(m == n or m.startswith(n + '.') for n in names)))")  # fmt: skip
+    code = (
+        f"import sys, {module}; names = {names!r}; print(sorted(m for m in sys.modules "
+        "if any(m == n or m.startswith(n + '.') for n in names)))"
+    )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     return ast.literal_eval(run.stdout.strip())
@@ -108,11 +110,14 @@ def test_artifact_format_loads_no_sql_and_no_http():
 
 
 @pytest.mark.parametrize(
-    "module", [
-        "aicluster.client", "aicluster.client.artifacts", "aicluster.cli.main",
+    "module",
+    [
+        "aicluster.client",
+        "aicluster.client.artifacts",
+        "aicluster.cli.main",
         # what a job's `checkpoint.save()` / `latest()` load
         "aicluster.runtime.checkpoint, aicluster.runtime.cache, aicluster.runtime.worker",
     ],
-)  # fmt: skip
+)
 def test_client_side_never_loads_the_store(module):
     assert _loaded(module, ("sqlalchemy", "aicluster.store")) == []

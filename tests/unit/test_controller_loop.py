@@ -18,6 +18,7 @@ from aicluster.engine.protocol import Engine
 from aicluster.spec.job import JobSpec
 from aicluster.store.db import Principal
 from aicluster.store.quotas import QuotaStore
+
 from fakes import FakeClock, FakeEngine, node, open_test_store, settle
 
 ADMIN = Principal("admin", None, "admin")
@@ -29,19 +30,28 @@ class World:
 
     def __init__(self, tmp_path, template, quotas: bool = False):
         self.clock = FakeClock()
-        self.store = open_test_store(tmp_path, self.clock, ("default", "owner", "borrower"),
-                                     template)  # fmt: skip
-        self.engine = FakeEngine([node("n1", gpus=2, cpus=4, pool="gpu"),
-                                  node("n2", gpus=2, cpus=4, pool="gpu")])  # fmt: skip
+        self.store = open_test_store(
+            tmp_path, self.clock, ("default", "owner", "borrower"), template
+        )
+        self.engine = FakeEngine(
+            [node("n1", gpus=2, cpus=4, pool="gpu"), node("n2", gpus=2, cpus=4, pool="gpu")]
+        )
         self.logs = LogStore(tmp_path / "logs")
         self.quotas = QuotaStore(self.store) if quotas else None
         self.tmp = tmp_path
         self.ctrl = self.controller()
 
     def controller(self) -> Controller:
-        return Controller(self.store, self.engine, self.logs, self.tmp / "workdirs", self.tmp,
-                          clock=self.clock, quotas=self.quotas,
-                          api_url="http://cp.test:8000")  # fmt: skip
+        return Controller(
+            self.store,
+            self.engine,
+            self.logs,
+            self.tmp / "workdirs",
+            self.tmp,
+            clock=self.clock,
+            quotas=self.quotas,
+            api_url="http://cp.test:8000",
+        )
 
     def submit(self, name: str = "train", **spec) -> str:
         doc = JobSpec.model_validate({"name": name, "command": "python train.py", **spec})
@@ -64,8 +74,11 @@ class World:
         raise AssertionError(f"{job_id} is {self.job(job_id).status}: {self.job(job_id).message}")
 
     def statuses(self, job_id: str) -> list[str]:
-        return [e.to_status for e in self.store.list_events(object_id=job_id)
-                if e.type == "JobTransition" or e.type == "JobSubmitted"]  # fmt: skip
+        return [
+            e.to_status
+            for e in self.store.list_events(object_id=job_id)
+            if e.type == "JobTransition" or e.type == "JobSubmitted"
+        ]
 
     def close(self) -> None:
         self.ctrl.close()
@@ -223,8 +236,11 @@ def test_a_team_reclaiming_its_quota_preempts_a_borrower_without_spending_a_rest
     assert w.job(owner).status == R
     job = w.job(borrower)
     assert job.status == P and job.restarts == 0 and job.message, "waits, saying why"
-    preempted = [e for e in w.store.list_events(object_id=borrower)
-                 if (e.message or "").startswith("preempted")]  # fmt: skip
+    preempted = [
+        e
+        for e in w.store.list_events(object_id=borrower)
+        if (e.message or "").startswith("preempted")
+    ]
     assert preempted and ("owner" in preempted[0].message or "guarantee" in preempted[0].message)
     assert (borrower, 1) in w.engine.stopped
     assert any(q[0] == borrower for q in w.ctrl.queue)
@@ -318,8 +334,10 @@ def test_a_succeeded_jobs_outputs_are_uploaded_from_rank_0_and_committed(world):
     job_id = world.submit(outputs=[{"path": "out", "artifact": "weights"}])
     world.ctrl.artifacts = FakeArtifacts(have={"a" * 64})
     world.run(job_id)
-    files = [{"path": "w.bin", "size": 10, "sha256": "a" * 64},
-             {"path": "cfg.json", "size": 2, "sha256": "b" * 64}]  # fmt: skip
+    files = [
+        {"path": "w.bin", "size": 10, "sha256": "a" * 64},
+        {"path": "cfg.json", "size": 2, "sha256": "b" * 64},
+    ]
     world.engine.outputs[(job_id, "out")] = files
     world.engine.exit(job_id, 0)
     world.tick()

@@ -28,17 +28,19 @@ def worker_env(rank: int, world: int, port: int) -> dict[str, str]:
     env = dict(os.environ)
     for key in ("AICLUSTER_CHECKPOINT_DIR", "GLOO_SOCKET_IFNAME"):
         env.pop(key, None)
-    env.update({
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "WORLD_SIZE": str(world),
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "NODE_RANK": "0",
-        "CUDA_VISIBLE_DEVICES": "",
-        "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": "1",
-    })
+    env.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(world),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "NODE_RANK": "0",
+            "CUDA_VISIBLE_DEVICES": "",
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     return env
 
 
@@ -47,8 +49,14 @@ def run_workers(ckpt_dir: Path, *extra: str, world: int = 2) -> list[str]:
     port = free_port()
     cmd = [sys.executable, str(SCRIPT), "--checkpoint-dir", str(ckpt_dir), *extra]
     procs = [
-        subprocess.Popen(cmd, env=worker_env(rank, world, port), cwd=str(SCRIPT.parent),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            cmd,
+            env=worker_env(rank, world, port),
+            cwd=str(SCRIPT.parent),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for rank in range(world)
     ]
     outs = []
@@ -56,7 +64,8 @@ def run_workers(ckpt_dir: Path, *extra: str, world: int = 2) -> list[str]:
         for rank, proc in enumerate(procs):
             out, err = proc.communicate(timeout=TIMEOUT_S)
             assert proc.returncode == 0, (
-                f"rank {rank} exited {proc.returncode}\nstdout:\n{out}\nstderr:\n{err}")
+                f"rank {rank} exited {proc.returncode}\nstdout:\n{out}\nstderr:\n{err}"
+            )
             outs.append(out)
     finally:
         for proc in procs:
@@ -105,7 +114,10 @@ def test_ddp_train_checkpoint_and_resume(tmp_path: Path) -> None:
     assert (ckpt / "ckpt-00000060.pt").is_file()
     # No temp files left behind.
     assert sorted(p.name for p in ckpt.iterdir()) == [
-        "ckpt-00000020.pt", "ckpt-00000040.pt", "ckpt-00000060.pt"]
+        "ckpt-00000020.pt",
+        "ckpt-00000040.pt",
+        "ckpt-00000060.pt",
+    ]
 
     # Already at --steps: report and exit 0 without training.
     outs = run_workers(ckpt, "--steps", "60")
@@ -125,6 +137,10 @@ def test_bad_arguments_exit_nonzero(tmp_path: Path) -> None:
     env.pop("WORLD_SIZE", None)
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--steps", "0", "--checkpoint-dir", str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert proc.returncode != 0
     assert "--steps" in proc.stderr

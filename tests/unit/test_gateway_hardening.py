@@ -19,6 +19,7 @@ from aicluster.gateway.proxy import MAX_ATTEMPTS, Gateway
 from aicluster.runtime.simulated_core import SimulatedEngineOptions
 from aicluster.runtime.simulated_engine import create_app
 from aicluster.store.db import Principal
+
 from asgi_server import serving
 from harness import free_port, wait_for
 
@@ -37,8 +38,9 @@ def service(url: str | None, secret: str = SECRET, rid: str = "r1") -> ServiceEn
 
 @pytest.fixture(scope="module")
 def replica():
-    with serving(create_app(SimulatedEngineOptions(model="chat", time_scale=0.01),
-                            secret=SECRET)) as url:  # fmt: skip
+    with serving(
+        create_app(SimulatedEngineOptions(model="chat", time_scale=0.01), secret=SECRET)
+    ) as url:
         yield url
 
 
@@ -84,8 +86,9 @@ def test_team_prefixed_model_reaches_the_callers_service(gw, replica):
     table.publish({("team-a", "chat"): service(replica)})
     out = client(url, "tok-a").completions.create(model="team-a/chat", prompt="hi", max_tokens=3)
     assert out.choices[0].text and out.model == "chat"
-    out = client(url, "tok-admin").completions.create(model="team-a/chat", prompt="hi",
-                                                      max_tokens=2)  # fmt: skip
+    out = client(url, "tok-admin").completions.create(
+        model="team-a/chat", prompt="hi", max_tokens=2
+    )
     assert out.choices[0].text
     with pytest.raises(openai.NotFoundError) as exc:  # another team's service: not found
         client(url, "tok-b").completions.create(model="team-a/chat", prompt="hi", max_tokens=2)
@@ -98,8 +101,9 @@ def test_engine_errors_reach_the_client_in_openai_format(gw, replica):
     table.publish({("team-a", "chat"): service(replica)})
     r = post(url, "tok-a", "/v1/embeddings", json={"model": "chat", "input": "x"})
     assert r.status_code == 404  # the simulated engine has no embeddings route
-    assert r.json() == {"error": {"message": "Not Found", "type": "not_found_error",
-                                  "param": None, "code": None}}  # fmt: skip
+    assert r.json() == {
+        "error": {"message": "Not Found", "type": "not_found_error", "param": None, "code": None}
+    }
     with pytest.raises(openai.BadRequestError) as exc:  # the engine's own 400 keeps its words
         client(url, "tok-a").completions.create(model="chat", prompt="x", max_tokens=0)
     assert "max_tokens" in exc.value.body["message"]
@@ -131,8 +135,9 @@ def test_a_request_held_for_a_deleted_service_gets_a_503_and_leaks_nothing(gw):
     table, url = gw
     table.publish({("team-a", "chat"): service(None)})
     answers: list[httpx.Response] = []
-    t = threading.Thread(target=lambda: answers.append(
-        post(url, "tok-a", json={"model": "chat", "prompt": "x"})))  # fmt: skip
+    t = threading.Thread(
+        target=lambda: answers.append(post(url, "tok-a", json={"model": "chat", "prompt": "x"}))
+    )
     t.start()
     wait_for(lambda: table.demand("team-a", "chat").held == 1, timeout=10, what="held request")
     table.publish({})
@@ -147,8 +152,11 @@ def test_a_held_request_proceeds_when_a_replica_comes(gw, replica):
     table, url = gw
     table.publish({("team-a", "chat"): service(None)})
     answers: list[httpx.Response] = []
-    t = threading.Thread(target=lambda: answers.append(
-        post(url, "tok-a", json={"model": "chat", "prompt": "x", "max_tokens": 2})))  # fmt: skip
+    t = threading.Thread(
+        target=lambda: answers.append(
+            post(url, "tok-a", json={"model": "chat", "prompt": "x", "max_tokens": 2})
+        )
+    )
     t.start()
     wait_for(lambda: table.demand("team-a", "chat").held == 1, timeout=10, what="held request")
     table.publish({("team-a", "chat"): service(replica)})
@@ -167,8 +175,12 @@ def test_openapi_documents_bodies_and_error_codes(gw):
     assert {"200", "400", "401", "404", "413", "503", "504"} <= set(op["responses"])
     err = op["responses"]["404"]["content"]["application/json"]["schema"]["$ref"]
     assert err.endswith("/OpenAIError")
-    assert "prompt" in doc["paths"]["/v1/completions"]["post"]["requestBody"]["content"][
-        "application/json"]["schema"]["properties"]
+    assert (
+        "prompt"
+        in doc["paths"]["/v1/completions"]["post"]["requestBody"]["content"]["application/json"][
+            "schema"
+        ]["properties"]
+    )
 
 
 # -- retries: before the first byte onto another replica, never once bytes flowed --------
@@ -189,8 +201,14 @@ class Replica:
 
 
 def _completion():
-    return JSONResponse({"id": "c1", "object": "text_completion", "model": "chat",
-                         "choices": [{"index": 0, "text": "fine"}]})  # fmt: skip
+    return JSONResponse(
+        {
+            "id": "c1",
+            "object": "text_completion",
+            "model": "chat",
+            "choices": [{"index": 0, "text": "fine"}],
+        }
+    )
 
 
 def _cut_stream():
@@ -231,8 +249,9 @@ def router(replicas):
     app.include_router(gateway.router())
 
     def route(*kinds: str) -> None:
-        eps = tuple(Endpoint(f"r{i}-{kind}", urls.get(kind, kind), SECRET)
-                    for i, kind in enumerate(kinds))  # fmt: skip
+        eps = tuple(
+            Endpoint(f"r{i}-{kind}", urls.get(kind, kind), SECRET) for i, kind in enumerate(kinds)
+        )
         svc = ServiceEndpoints("team-a", "chat", "simulated", "least_outstanding", {}, eps, "chat")
         table.publish({("team-a", "chat"): svc})
         policy = gateway.policy(svc)
@@ -276,8 +295,13 @@ def test_no_retry_once_bytes_flowed(router):
     route("cut", "good")
     got = b""
     headers = {"Authorization": "Bearer tok-a"}
-    with httpx.stream("POST", url + "/v1/completions", headers=headers, timeout=30,
-                      json={"model": "chat", "prompt": "x", "stream": True}) as r:  # fmt: skip
+    with httpx.stream(
+        "POST",
+        url + "/v1/completions",
+        headers=headers,
+        timeout=30,
+        json={"model": "chat", "prompt": "x", "stream": True},
+    ) as r:
         assert r.status_code == 200
         try:
             for chunk in r.iter_raw():

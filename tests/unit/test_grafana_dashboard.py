@@ -31,8 +31,11 @@ def exported_names(tmp_path) -> set[str]:
         hist.observe(0.1)
     m.cycle_seconds.observe(0.01)
     text = generate_latest(m.registry).decode()
-    return {line.split("{")[0].split(" ")[0] for line in text.splitlines()
-            if line and not line.startswith("#")}  # fmt: skip
+    return {
+        line.split("{")[0].split(" ")[0]
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 def test_every_dashboard_metric_is_exported(tmp_path):
@@ -44,6 +47,11 @@ def test_every_dashboard_metric_is_exported(tmp_path):
     assert used, "the dashboard queries something"
     names = exported_names(tmp_path)
     # the queue and replica families have samples only when there is something to count
-    families = names | {"aicluster_queue_length", "aicluster_queue_oldest_wait_seconds",
-                        "aicluster_replicas", "aicluster_jobs", "aicluster_team_gpus_allocated"}
+    families = names | {
+        "aicluster_queue_length",
+        "aicluster_queue_oldest_wait_seconds",
+        "aicluster_replicas",
+        "aicluster_jobs",
+        "aicluster_team_gpus_allocated",
+    }
     assert used <= families, used - families

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from aicluster.core.health import (
-    FAIL, NA, OK, CommandOutcome, GpuReading, GpuSample, HostSample, Thresholds, check_gpus,
+    FAIL,
+    NA,
+    OK,
+    CommandOutcome,
+    GpuReading,
+    GpuSample,
+    HostSample,
+    Thresholds,
+    check_gpus,
     evaluate,
 )
 from aicluster.core.nodestate import NODE_TRANSITIONS, NodeState, check_node_transition, next_state
@@ -64,8 +72,11 @@ def test_host_pressure_and_admin_commands():
     full = HostSample(cpus=2, load_1m=30.0, memory_used_pct=99.0, disk_free_pct=1.0)
     report = evaluate(full, GpuSample(False), 0, [], Thresholds())
     assert {"memory", "disk", "cpu"} <= {c.name for c in report.checks if c.status == FAIL}
-    cmds = [CommandOutcome("ib", 1, "port down"), CommandOutcome("nfs", None, ""),
-            CommandOutcome("ok", 0)]  # fmt: skip
+    cmds = [
+        CommandOutcome("ib", 1, "port down"),
+        CommandOutcome("nfs", None, ""),
+        CommandOutcome("ok", 0),
+    ]
     report = evaluate(CALM, GpuSample(False), 0, cmds)
     s = statuses(report.checks)
     assert s["cmd:ib"] == FAIL and s["cmd:nfs"] == FAIL and s["cmd:ok"] == OK
@@ -73,8 +84,13 @@ def test_host_pressure_and_admin_commands():
 
 
 def test_node_state_rules():
-    R, D, C, Dr, Dn = (NodeState.READY, NodeState.DEGRADED, NodeState.CORDONED,
-                       NodeState.DRAINING, NodeState.DOWN)  # fmt: skip
+    R, D, C, Dr, Dn = (
+        NodeState.READY,
+        NodeState.DEGRADED,
+        NodeState.CORDONED,
+        NodeState.DRAINING,
+        NodeState.DOWN,
+    )
     assert next_state(R, alive=True, healthy=False) == D
     assert next_state(D, alive=True, healthy=True) == R
     assert next_state(C, alive=True, healthy=True) == C, "an admin's cordon sticks"

@@ -23,10 +23,18 @@ S, F, C = JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
 # The lifecycle as documented: forward P -> A -> R -> S, back to PENDING on requeue
 # (from ADMITTED or RUNNING), FAILED/CANCELLED from any non-terminal status.
 LEGAL = {
-    (P, A), (P, F), (P, C),
-    (A, R), (A, P), (A, F), (A, C),
-    (R, S), (R, F), (R, C), (R, P),
-}  # fmt: skip
+    (P, A),
+    (P, F),
+    (P, C),
+    (A, R),
+    (A, P),
+    (A, F),
+    (A, C),
+    (R, S),
+    (R, F),
+    (R, C),
+    (R, P),
+}
 ALL_PAIRS = list(itertools.product(JobStatus, JobStatus))
 ILLEGAL = [pair for pair in ALL_PAIRS if pair not in LEGAL]
 
@@ -68,7 +76,7 @@ def test_no_status_transitions_to_itself(status):
 
 
 def test_terminal_statuses():
-    assert TERMINAL == {S, F, C}
+    assert {S, F, C} == TERMINAL
     assert {s for s in JobStatus if s.terminal} == {S, F, C}
 
 

@@ -14,6 +14,7 @@ from aicluster.core.lifecycle import JobStatus
 from aicluster.core.nodestate import NodeState as NS
 from aicluster.spec.job import JobSpec
 from aicluster.store.nodes import NodeStore
+
 from fakes import FakeAgents, FakeClock, FakeEngine, failing, healthy, node, open_test_store, settle
 
 
@@ -24,8 +25,15 @@ class World:
         self.engine = FakeEngine([node("n1"), node("n2")])
         self.agents = FakeAgents()
         self.loop = NodeLoop(NodeStore(self.store), self.agents, clock=self.clock)
-        self.ctrl = Controller(self.store, self.engine, LogStore(tmp_path / "logs"), tmp_path / "w",
-                               tmp_path, clock=self.clock, node_loop=self.loop)  # fmt: skip
+        self.ctrl = Controller(
+            self.store,
+            self.engine,
+            LogStore(tmp_path / "logs"),
+            tmp_path / "w",
+            tmp_path,
+            clock=self.clock,
+            node_loop=self.loop,
+        )
 
     def observe(self) -> dict[str, NS]:
         """One health poll, then one reconcile: the state of every node."""
@@ -42,8 +50,11 @@ class World:
             settle(self.ctrl)
 
     def transitions(self, node_id: str) -> list[tuple[str, str]]:
-        return [(e.from_status, e.to_status) for e in self.store.list_events(object_id=node_id)
-                if e.type == "NodeStateChanged"]  # fmt: skip
+        return [
+            (e.from_status, e.to_status)
+            for e in self.store.list_events(object_id=node_id)
+            if e.type == "NodeStateChanged"
+        ]
 
 
 @pytest.fixture
@@ -100,10 +111,14 @@ def test_cordon_and_drain_stick_until_uncordoned(world):
     assert world.observe()["n1"] == NS.DRAINING
     assert world.loop.uncordon("n1", "alice").state == NS.READY
     assert world.loop.nodes.get("n1").drain_deadline is None
-    assert world.transitions("n1") == [("Ready", "Cordoned"), ("Cordoned", "Draining"),
-                                       ("Draining", "Ready")]  # fmt: skip
-    actors = {e.actor for e in world.store.list_events(object_id="n1")
-              if e.type == "NodeStateChanged"}  # fmt: skip
+    assert world.transitions("n1") == [
+        ("Ready", "Cordoned"),
+        ("Cordoned", "Draining"),
+        ("Draining", "Ready"),
+    ]
+    actors = {
+        e.actor for e in world.store.list_events(object_id="n1") if e.type == "NodeStateChanged"
+    }
     assert actors == {"alice"}
 
 

@@ -44,11 +44,7 @@ def plan_dict(text: str) -> dict:
 
 
 def test_node_packing_and_fabric():
-    assert (
-        serve_nodes(5, 1, 8) == 1
-        and serve_nodes(5, 4, 8) == 3
-        and serve_nodes(2, 16, 8) == 4
-    )
+    assert serve_nodes(5, 1, 8) == 1 and serve_nodes(5, 4, 8) == 3 and serve_nodes(2, 16, 8) == 4
     assert pack_nodes([4, 4, 2, 2, 2, 1], 8) == 2
     ib = CAT.get("interconnects", "infiniband-ndr")  # QM9700: 64 ports
     assert fabric(ib, 0).switches == 0
@@ -70,9 +66,7 @@ constraints: {pue: 1.5, electricity_usd_per_kwh: 0.1, rack_power_kw: 40, amortiz
     assert t["nodes"] == 4 and t["switches"] == 1
     assert t["it_kw"] == pytest.approx(4 * 10.2 + 1.5)
     assert t["facility_kw"] == pytest.approx(t["it_kw"] * 1.5)
-    assert t["cooling_btu_per_hour"] == pytest.approx(
-        t["it_kw"] * 1000 * BTU_PER_HOUR_PER_WATT
-    )
+    assert t["cooling_btu_per_hour"] == pytest.approx(t["it_kw"] * 1000 * BTU_PER_HOUR_PER_WATT)
     assert t["capex_usd"] == 4 * (8 * 30000 + 60000) + 50000
     assert t["energy_usd_per_month"] == pytest.approx(t["facility_kw"] * 730 * 0.1)
     # per 40 kW rack: min(40 // 10.2 = 3 by power, 42U // 8U = 5 by space) = 3 -> 2 racks
@@ -111,24 +105,33 @@ serve:
 def test_cluster_mode_places_replicas_on_real_inventory():
     inputs = resolve(load_plan_spec(ROOT / "examples/plan-serve-8b-70b.yaml"), CAT)
     nodes = [
-        {"node_id": "a", "name": "gpu-a", "alive": True, "gpus": 8, "gpu_model": "NVIDIA H100 80GB HBM3",
-         "allocated": {"gpus": 2}, "pool": "serve"},
-        {"node_id": "b", "name": "gpu-b", "alive": True, "gpus": 8, "gpu_model": "H100", "allocated": {"gpus": 0}},
+        {
+            "node_id": "a",
+            "name": "gpu-a",
+            "alive": True,
+            "gpus": 8,
+            "gpu_model": "NVIDIA H100 80GB HBM3",
+            "allocated": {"gpus": 2},
+            "pool": "serve",
+        },
+        {
+            "node_id": "b",
+            "name": "gpu-b",
+            "alive": True,
+            "gpus": 8,
+            "gpu_model": "H100",
+            "allocated": {"gpus": 0},
+        },
         {"node_id": "c", "name": "cpu-c", "alive": True, "gpus": 0, "gpu_model": None},
         {"node_id": "d", "name": "gpu-d", "alive": False, "gpus": 8, "gpu_model": "H100"},
         {"node_id": "e", "name": "gpu-e", "alive": True, "gpus": 4, "gpu_model": "Tesla T4"},
-    ]  # fmt: skip
+    ]
     fit = fit_inventory(inputs, nodes, inputs.catalog)
     assert fit["nodes"] == 2 and fit["free_gpus"] == 14
     chat, big = fit["serve"]
-    assert (
-        chat["fits"]
-        and sum(p["gpus"] for p in chat["placement"]) == chat["replicas_needed"]
-    )
+    assert chat["fits"] and sum(p["gpus"] for p in chat["placement"]) == chat["replicas_needed"]
     assert not big["fits"] and "replicas fit" in big["reason"]
-    assert any("T4" in n for n in fit["notes"]) and any(
-        "not alive" in n for n in fit["notes"]
-    )
+    assert any("T4" in n for n in fit["notes"]) and any("not alive" in n for n in fit["notes"])
 
 
 def test_reports_have_tables_and_svg_charts():
@@ -167,6 +170,4 @@ def test_cli_bad_spec_exits_2_with_field(tmp_path):
 
 def test_assumptions_defaults_are_documented():
     for name in Assumptions().as_dict():
-        assert Assumptions.__dataclass_fields__[
-            name
-        ]  # every knob is a constraints field too
+        assert Assumptions.__dataclass_fields__[name]  # every knob is a constraints field too

@@ -59,9 +59,7 @@ def test_decode_is_memory_bound_at_batch_one():
     r = request()
     step = decode_step_s(r, A, 1, 1)
     # one token reads all 16 GB of weights at 3.35 TB/s x 0.8 ≈ 6 ms
-    assert step == pytest.approx(
-        weight_bytes(r.model, "bf16") / (3350e9 * 0.8), rel=0.05
-    )
+    assert step == pytest.approx(weight_bytes(r.model, "bf16") / (3350e9 * 0.8), rel=0.05)
     assert decode_step_s(r, A, 1, 64) > step  # bigger batch reads more KV cache
     assert decode_step_s(r, A, 2, 1) < step  # tensor parallel splits the read
 

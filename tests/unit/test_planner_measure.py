@@ -82,9 +82,7 @@ def test_measured_weight_memory_matches_estimate():
 
 def test_measured_kv_cache_matches_estimate():
     tokens = 512
-    k = torch.empty(
-        SHAPE.layers, tokens, SHAPE.n_kv_heads, SHAPE.d_head, dtype=torch.bfloat16
-    )
+    k = torch.empty(SHAPE.layers, tokens, SHAPE.n_kv_heads, SHAPE.d_head, dtype=torch.bfloat16)
     v = torch.empty_like(k)
     measured = k.untyped_storage().nbytes() + v.untyped_storage().nbytes()
     assert measured == kv_bytes_per_token(SHAPE, "bf16") * tokens
@@ -103,10 +101,7 @@ def test_measured_adam_state_matches_estimate():
     loss.backward()
     opt.step()
     state = sum(
-        t.untyped_storage().nbytes()
-        for s in opt.state.values()
-        for t in s.values()
-        if t.dim()
+        t.untyped_storage().nbytes() for s in opt.state.values() for t in s.values() if t.dim()
     )
     used = [p for p in model.parameters() if p.grad is not None]
     assert state == 8 * sum(p.numel() for p in used)

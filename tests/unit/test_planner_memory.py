@@ -65,13 +65,9 @@ def test_moe_active_parameters():
 
 def test_bf16_weights_match_published_checkpoints():
     # huggingface.co/meta-llama/Llama-2-7b-hf: safetensors 9.98 GB + 3.50 GB = 13.48 GB (bf16/fp16)
-    assert weight_bytes(model("llama-2-7b"), "bf16") / GB == pytest.approx(
-        13.48, rel=0.005
-    )
+    assert weight_bytes(model("llama-2-7b"), "bf16") / GB == pytest.approx(13.48, rel=0.005)
     # huggingface.co/meta-llama/Meta-Llama-3-8B: 4.98 + 5.00 + 4.92 + 1.17 = 16.07 GB
-    assert weight_bytes(model("llama-3-8b"), "bf16") / GB == pytest.approx(
-        16.07, rel=0.005
-    )
+    assert weight_bytes(model("llama-3-8b"), "bf16") / GB == pytest.approx(16.07, rel=0.005)
 
 
 @pytest.mark.parametrize(
@@ -84,9 +80,7 @@ def test_bf16_weights_match_published_checkpoints():
         ("gpt-3-175b", 175, 700, 350),
     ],
 )
-def test_fp32_and_bf16_weights_follow_the_published_rule(
-    key, billions, fp32_gb, bf16_gb
-):
+def test_fp32_and_bf16_weights_follow_the_published_rule(key, billions, fp32_gb, bf16_gb):
     m = model(key)
     assert weight_bytes(m, "fp32") / GB == pytest.approx(fp32_gb, rel=0.02)
     assert weight_bytes(m, "bf16") / GB == pytest.approx(bf16_gb, rel=0.02)

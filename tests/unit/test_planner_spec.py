@@ -104,8 +104,7 @@ def test_workload_level_rules():
 def test_unknown_catalog_names_are_named_with_their_line(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(
-        MINIMAL.replace("llama-3-8b", "llama-9b")
-        + "hardware:\n  network: carrier-pigeon\n"
+        MINIMAL.replace("llama-3-8b", "llama-9b") + "hardware:\n  network: carrier-pigeon\n"
     )
     with pytest.raises(SpecError) as info:
         load_plan(path)

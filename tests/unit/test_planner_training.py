@@ -43,9 +43,7 @@ def test_llama_3_405b_compute_matches_paper():
 
 def test_gpt3_compute_matches_paper():
     # Brown et al. 2020 (arXiv:2005.14165) Table D.1: GPT-3 175B, 300B tokens, 3.14E+23 FLOPs
-    assert training_flops(request("gpt-3-175b", tokens=300e9)) == pytest.approx(
-        3.14e23, rel=0.01
-    )
+    assert training_flops(request("gpt-3-175b", tokens=300e9)) == pytest.approx(3.14e23, rel=0.01)
 
 
 def test_chinchilla_compute_matches_paper():
@@ -75,15 +73,11 @@ def test_time_scales_inversely_with_gpus():
     t8 = plan_training(replace(r, gpus=8), A)
     t16 = plan_training(replace(r, gpus=16), A)
     assert t8.compute_bound_seconds == pytest.approx(2 * t16.compute_bound_seconds)
-    assert t8.compute_bound_seconds == pytest.approx(
-        6 * t8.params * 1e11 / (8 * 989.4e12 * 0.4)
-    )
+    assert t8.compute_bound_seconds == pytest.approx(6 * t8.params * 1e11 / (8 * 989.4e12 * 0.4))
 
 
 def test_target_duration_sets_gpu_count():
-    r = request(
-        "tinyllama-1.1b", gpu="a100-80gb-sxm", tokens=100e9, target_seconds=3 * 86400
-    )
+    r = request("tinyllama-1.1b", gpu="a100-80gb-sxm", tokens=100e9, target_seconds=3 * 86400)
     p = plan_training(r, A)
     assert p.gpus_for_target == 21  # 6.6e20 / (3 d x 312 TFLOP/s x 0.4) = 20.4
     assert p.gpus == 24 and p.nodes == 3  # whole nodes
@@ -131,7 +125,7 @@ def test_slow_network_makes_training_network_bound():
     assert not fast.network_bound
     assert slow.network_bound and slow.seconds > fast.seconds
     assert slow.break_even_gbit_s == pytest.approx(fast.break_even_gbit_s)
-    assert 10 < slow.break_even_gbit_s
+    assert slow.break_even_gbit_s > 10
 
 
 def test_round_gpus():

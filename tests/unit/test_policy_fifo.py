@@ -14,11 +14,12 @@ import math
 import random
 
 import pytest
-from builders import GiB, admits, by_id, gang, node, snapshot, usage_per_node, waits
 
 from aicluster.core.model import Admit, Res, Wait
 from aicluster.core.policies.base import arrival_key
 from aicluster.core.scheduler import POLICY_NAMES, plan_cycle
+
+from builders import GiB, admits, by_id, gang, node, snapshot, usage_per_node, waits
 
 ALL = pytest.mark.parametrize("policy", POLICY_NAMES)
 FCFS = pytest.mark.parametrize("policy", ["fifo", "backfill"])

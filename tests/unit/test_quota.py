@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from builders import gang, node, snapshot
-
 from aicluster.core.model import Quota, Res, RunningWorkload, Snapshot
 from aicluster.core.quota import QuotaBook
+
+from builders import gang, node, snapshot
 
 
 def book(quotas, running=(), gpus=32) -> QuotaBook:
@@ -48,9 +48,7 @@ def test_lending_limit_caps_what_others_borrow():
 
 
 def test_cohorts_do_not_lend_to_each_other():
-    b = book(
-        [Quota("a", "default", 8, cohort="x"), Quota("b", "default", 24, cohort="y")]
-    )
+    b = book([Quota("a", "default", 8, cohort="x"), Quota("b", "default", 24, cohort="y")])
     assert b.admissible("a", "default", G(9)) is not None
 
 
@@ -64,9 +62,7 @@ def test_unassigned_gpus_are_shared_by_the_default_cohort():
 
 
 def test_running_work_is_charged_and_refund_restores():
-    b = book(
-        [Quota("a", "default", 8), Quota("b", "default", 8)], [run("a", 12)], gpus=16
-    )
+    b = book([Quota("a", "default", 8), Quota("b", "default", 8)], [run("a", 12)], gpus=16)
     assert b.is_borrowing("a", "default")
     assert b.share("a") > b.share("b") == 0
     b.refund("a", "default", G(12))
@@ -90,9 +86,18 @@ def test_cpu_and_memory_caps():
 
 def test_usage_can_be_given_precomputed():
     snap = snapshot([node("n", gpus=16)], [])
-    a = QuotaBook(Snapshot(snap.nodes, (), (run("a", 12),), (Quota("a", "default", 8),)),
-                  {"default": 16})  # fmt: skip
-    b = QuotaBook(Snapshot(snap.nodes, (), (), (Quota("a", "default", 8),),
-                           usage=(("a", "default", Res(1.0, 0, 12)),)), {"default": 16})  # fmt: skip
+    a = QuotaBook(
+        Snapshot(snap.nodes, (), (run("a", 12),), (Quota("a", "default", 8),)), {"default": 16}
+    )
+    b = QuotaBook(
+        Snapshot(
+            snap.nodes,
+            (),
+            (),
+            (Quota("a", "default", 8),),
+            usage=(("a", "default", Res(1.0, 0, 12)),),
+        ),
+        {"default": 16},
+    )
     assert a.account("a", "default").used == b.account("a", "default").used
     assert a.borrowed == b.borrowed and a.lendable == b.lendable

@@ -14,6 +14,7 @@ from aicluster.runtime.replica_auth import SECRET_ENV, SECRET_HEADER, AuthProxy,
 from aicluster.runtime.replica_main import secure_plan
 from aicluster.runtime.simulated_core import SimulatedEngineOptions
 from aicluster.runtime.simulated_engine import create_app
+
 from asgi_server import serving
 from harness import free_port
 
@@ -49,20 +50,30 @@ def proxied_engine():
 def test_auth_proxy_refuses_connections_without_the_secret(proxied_engine):
     r = httpx.get(proxied_engine + "/v1/models")
     assert r.status_code == 401 and r.json()["error"]["code"] == "replica_secret_required"
-    r = httpx.post(proxied_engine + "/v1/completions", headers={SECRET_HEADER: "nope"},
-                   json={"model": "sim", "prompt": "hi"})  # fmt: skip
+    r = httpx.post(
+        proxied_engine + "/v1/completions",
+        headers={SECRET_HEADER: "nope"},
+        json={"model": "sim", "prompt": "hi"},
+    )
     assert r.status_code == 401
 
 
 def test_auth_proxy_passes_requests_and_streams_with_the_secret(proxied_engine):
-    client = openai.OpenAI(base_url=proxied_engine + "/v1", api_key="unused", max_retries=0,
-                           default_headers={SECRET_HEADER: SECRET})  # fmt: skip
+    client = openai.OpenAI(
+        base_url=proxied_engine + "/v1",
+        api_key="unused",
+        max_retries=0,
+        default_headers={SECRET_HEADER: SECRET},
+    )
     for i in range(3):  # keep-alive: several requests on one connection
         out = client.completions.create(model="sim", prompt=f"hello {i}", max_tokens=3)
         assert out.choices[0].text
-    stream = client.chat.completions.create(model="sim", max_tokens=5, stream=True,
-                                            messages=[{"role": "user", "content": "hi"}])  # fmt: skip
-    pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
+    stream = client.chat.completions.create(
+        model="sim", max_tokens=5, stream=True, messages=[{"role": "user", "content": "hi"}]
+    )
+    pieces = [
+        c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content
+    ]
     assert len(pieces) == 5
     with pytest.raises(openai.NotFoundError):  # the engine's own answers pass through as is
         client.completions.create(model="other", prompt="x", max_tokens=1)

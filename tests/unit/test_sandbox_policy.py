@@ -8,17 +8,30 @@ from pathlib import Path
 from aicluster.runtime.sandbox import SandboxPolicy, bwrap_prefix, workload_env, wrap
 
 OPERATOR = {
-    "AWS_ACCESS_KEY_ID": "AKIA-op", "AWS_SECRET_ACCESS_KEY": "op-secret", "RAY_AUTH_TOKEN_PATH": "/x",
-    "AICLUSTER_HOME": "/root/.aicluster", "GOOGLE_APPLICATION_CREDENTIALS": "/k.json",
-    "HOME": "/root", "PATH": "/root/.pyenv/shims:/usr/bin", "LANG": "C.UTF-8",
-    "NCCL_SOCKET_IFNAME": "eth0", "LC_ALL": "C", "SSH_AUTH_SOCK": "/tmp/ssh",
-}  # fmt: skip
+    "AWS_ACCESS_KEY_ID": "AKIA-op",
+    "AWS_SECRET_ACCESS_KEY": "op-secret",
+    "RAY_AUTH_TOKEN_PATH": "/x",
+    "AICLUSTER_HOME": "/root/.aicluster",
+    "GOOGLE_APPLICATION_CREDENTIALS": "/k.json",
+    "HOME": "/root",
+    "PATH": "/root/.pyenv/shims:/usr/bin",
+    "LANG": "C.UTF-8",
+    "NCCL_SOCKET_IFNAME": "eth0",
+    "LC_ALL": "C",
+    "SSH_AUTH_SOCK": "/tmp/ssh",
+}
 
 
 def test_the_environment_is_an_allow_list(tmp_path):
     env = workload_env({"MY_FLAG": "1", "RANK": "0"}, tmp_path / "workdir", 50001, OPERATOR)
-    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "RAY_AUTH_TOKEN_PATH", "AICLUSTER_HOME",
-                "GOOGLE_APPLICATION_CREDENTIALS", "SSH_AUTH_SOCK"} & set(env)  # fmt: skip
+    assert not {
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "RAY_AUTH_TOKEN_PATH",
+        "AICLUSTER_HOME",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "SSH_AUTH_SOCK",
+    } & set(env)
     assert env["LANG"] == "C.UTF-8" and env["LC_ALL"] == "C" and env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert env["MY_FLAG"] == "1" and env["RANK"] == "0"
     assert env["HOME"] == str(tmp_path / "home") and env["TMPDIR"] == str(tmp_path / "tmp")
@@ -37,7 +50,7 @@ def test_mounts_hide_the_platform_and_bind_the_job_last(tmp_path):
         p.mkdir(parents=True)
     policy = SandboxPolicy(50001, 50001, hidden=(str(hidden),), shared=(str(shared),))
     argv = bwrap_prefix(policy, job)
-    assert argv[0] == "bwrap" and ["--tmpfs", "/tmp"] == argv[4:6]
+    assert argv[0] == "bwrap" and argv[4:6] == ["--tmpfs", "/tmp"]
     joined = " ".join(argv)
     assert f"--bind {job} {job}" in joined and f"--bind {shared} {shared}" in joined
     assert joined.index(f"--bind {job}") > joined.index("--tmpfs /tmp")

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from builders import admits, gang, node, snapshot, waits
 
 from aicluster.core.model import Admit, Wait
 from aicluster.core.scheduler import plan_cycle
 from aicluster.core.topology import FreeIndex
+
+from builders import admits, gang, node, snapshot, waits
 
 
 def rnode(node_id, rack=None, nvlink=None, pool="default", **kw):
@@ -33,28 +34,34 @@ def test_single_node_best_fit_picks_the_fullest_node_that_holds_it(policy):
 def test_fewest_nodes_before_rack(policy):
     # Two whole free nodes in different racks beat three nodes in one rack.
     nodes = [
-        rnode("a1", rack="A", gpus=8, used_gpus=4), rnode("a2", rack="A", gpus=8, used_gpus=4),
+        rnode("a1", rack="A", gpus=8, used_gpus=4),
+        rnode("a2", rack="A", gpus=8, used_gpus=4),
         rnode("a3", rack="A", gpus=8, used_gpus=4),
-        rnode("b1", rack="B", gpus=8), rnode("c1", rack="C", gpus=8),
-    ]  # fmt: skip
+        rnode("b1", rack="B", gpus=8),
+        rnode("c1", rack="C", gpus=8),
+    ]
     (d,) = plan_cycle(snapshot(nodes, [gang("g", workers=2, gpus=8)]), 0.0, policy)
     assert isinstance(d, Admit) and sorted(set(d.placement)) == ["b1", "c1"]
 
 
 def test_within_one_rack_at_equal_node_count():
     nodes = [
-        rnode("a1", rack="A", gpus=8), rnode("b1", rack="B", gpus=8),
-        rnode("b2", rack="B", gpus=8), rnode("c1", rack="C", gpus=8),
-    ]  # fmt: skip
+        rnode("a1", rack="A", gpus=8),
+        rnode("b1", rack="B", gpus=8),
+        rnode("b2", rack="B", gpus=8),
+        rnode("c1", rack="C", gpus=8),
+    ]
     (d,) = plan_cycle(snapshot(nodes, [gang("g", workers=2, gpus=8)]), 0.0, "fair")
     assert sorted(d.placement) == ["b1", "b2"]
 
 
 def test_nvlink_domain_preferred_over_rack():
     nodes = [
-        rnode("a1", rack="A", gpus=4), rnode("a2", rack="A", gpus=4),
-        rnode("n1", rack="B", nvlink="nvl", gpus=4), rnode("n2", rack="C", nvlink="nvl", gpus=4),
-    ]  # fmt: skip
+        rnode("a1", rack="A", gpus=4),
+        rnode("a2", rack="A", gpus=4),
+        rnode("n1", rack="B", nvlink="nvl", gpus=4),
+        rnode("n2", rack="C", nvlink="nvl", gpus=4),
+    ]
     (d,) = plan_cycle(snapshot(nodes, [gang("g", workers=2, gpus=4)]), 0.0, "fair")
     assert sorted(d.placement) == ["n1", "n2"]
 
@@ -93,8 +100,9 @@ def test_gpu_model_is_honoured(policy):
     nodes = [rnode("a", gpus=8, gpu_model="A100"), rnode("b", gpus=8, gpu_model="H100")]
     decisions = plan_cycle(
         snapshot(nodes, [gang("g", gpus=8, gpu_model="h100"), gang("x", gpus=1, gpu_model="V100")]),
-        0.0, policy,
-    )  # fmt: skip
+        0.0,
+        policy,
+    )
     assert admits(decisions) == {"g": ("b",)}
     assert waits(decisions)["x"].never_fits and "V100" in waits(decisions)["x"].reason
 

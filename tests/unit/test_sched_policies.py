@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from builders import admits, by_id, gang, node
-from sched_helpers import apply, q, qsnap, running
 
 from aicluster.core.model import Admit, Preempt, Wait
 from aicluster.core.policies.fair import FairPolicy
 from aicluster.core.scheduler import get_policy, plan_cycle
+
+from builders import admits, by_id, gang, node
+from sched_helpers import apply, q, qsnap, running
 
 H = 3600.0
 
@@ -23,8 +24,11 @@ def preempts(decisions):
 
 
 def test_fifo_does_not_borrow_idle_quota():
-    snap = qsnap([node("n", gpus=16)], [gang("a1", team="a", gpus=8), gang("a2", team="a", gpus=1)],
-                 quotas=[q("a", 8), q("b", 8)])  # fmt: skip
+    snap = qsnap(
+        [node("n", gpus=16)],
+        [gang("a1", team="a", gpus=8), gang("a2", team="a", gpus=1)],
+        quotas=[q("a", 8), q("b", 8)],
+    )
     d = by_id(plan_cycle(snap, 0.0, "fifo"))
     assert d["a1"] == Admit("a1", ("n",))
     assert d["a2"].reason.startswith("quota of team a exhausted in pool default")
@@ -33,10 +37,15 @@ def test_fifo_does_not_borrow_idle_quota():
 def test_fifo_head_blocks_only_its_own_partition():
     snap = qsnap(
         [node("n", gpus=16)],
-        [gang("a1", team="a", gpus=8, submitted_at=0), gang("a2", team="a", gpus=2, submitted_at=1),
-         gang("a3", team="a", gpus=1, submitted_at=2), gang("b1", team="b", gpus=2, submitted_at=3)],
-        running=[running(gang("ra", team="a", gpus=4), ["n"])], quotas=[q("a", 8), q("b", 8)],
-    )  # fmt: skip
+        [
+            gang("a1", team="a", gpus=8, submitted_at=0),
+            gang("a2", team="a", gpus=2, submitted_at=1),
+            gang("a3", team="a", gpus=1, submitted_at=2),
+            gang("b1", team="b", gpus=2, submitted_at=3),
+        ],
+        running=[running(gang("ra", team="a", gpus=4), ["n"])],
+        quotas=[q("a", 8), q("b", 8)],
+    )
     d = by_id(plan_cycle(snap, 0.0, "fifo"))
     assert isinstance(d["a1"], Wait) and "quota of team a" in d["a1"].reason
     assert d["a2"] == Wait("a2", "queued behind a1")
@@ -55,12 +64,15 @@ def test_fifo_gang_larger_than_its_partition_could_never_fit():
 
 
 def test_without_quotas_fifo_is_one_fcfs_queue_per_pool():
-    snap = qsnap([node("n", gpus=8, used_gpus=6)],
-                 [gang("big", team="x", gpus=4, submitted_at=0), gang("small", team="y", gpus=1, submitted_at=1)])  # fmt: skip
-    d = by_id(plan_cycle(snap, 0.0, "fifo"))
-    assert isinstance(d["big"], Wait) and d["small"] == Wait(
-        "small", "queued behind big"
+    snap = qsnap(
+        [node("n", gpus=8, used_gpus=6)],
+        [
+            gang("big", team="x", gpus=4, submitted_at=0),
+            gang("small", team="y", gpus=1, submitted_at=1),
+        ],
     )
+    d = by_id(plan_cycle(snap, 0.0, "fifo"))
+    assert isinstance(d["big"], Wait) and d["small"] == Wait("small", "queued behind big")
 
 
 def test_unknown_policy_is_a_clear_error():
@@ -82,9 +94,7 @@ def _backfill_case(short_limit):
 def test_backfill_starts_a_job_that_ends_before_the_shadow_time():
     d = by_id(plan_cycle(_backfill_case(50.0), 10.0, "backfill"))
     assert isinstance(d["head"], Wait) and isinstance(d["later"], Admit)
-    assert isinstance(
-        by_id(plan_cycle(_backfill_case(50.0), 10.0, "fifo"))["later"], Wait
-    )
+    assert isinstance(by_id(plan_cycle(_backfill_case(50.0), 10.0, "fifo"))["later"], Wait)
 
 
 def test_backfill_refuses_a_job_that_would_delay_the_head():
@@ -96,8 +106,11 @@ def test_backfill_refuses_a_job_that_would_delay_the_head():
 
 def test_backfill_without_limits_uses_nodes_the_head_does_not_need():
     r = running(gang("r", gpus=4), ["a"])
-    snap = qsnap([node("a", gpus=8), node("b", gpus=4)],
-                 [gang("head", gpus=8, submitted_at=0), gang("later", gpus=4, submitted_at=1)], running=[r])  # fmt: skip
+    snap = qsnap(
+        [node("a", gpus=8), node("b", gpus=4)],
+        [gang("head", gpus=8, submitted_at=0), gang("later", gpus=4, submitted_at=1)],
+        running=[r],
+    )
     d = by_id(plan_cycle(snap, 0.0, "backfill"))
     assert d["later"] == Admit("later", ("b",))
 
@@ -106,15 +119,21 @@ def test_backfill_without_limits_uses_nodes_the_head_does_not_need():
 
 
 def test_fair_borrows_idle_quota_of_the_cohort():
-    snap = qsnap([node("n", gpus=16)], [gang("a1", team="a", workers=12, gpus=1)],
-                 quotas=[q("a", 8), q("b", 8)])  # fmt: skip
+    snap = qsnap(
+        [node("n", gpus=16)],
+        [gang("a1", team="a", workers=12, gpus=1)],
+        quotas=[q("a", 8), q("b", 8)],
+    )
     (d,) = plan_cycle(snap, 0.0, "fair")
     assert isinstance(d, Admit)
 
 
 def test_fair_respects_the_borrowing_limit():
-    snap = qsnap([node("n", gpus=16)], [gang("a1", team="a", workers=12, gpus=1)],
-                 quotas=[q("a", 8, borrow_gpus=2), q("b", 8)])  # fmt: skip
+    snap = qsnap(
+        [node("n", gpus=16)],
+        [gang("a1", team="a", workers=12, gpus=1)],
+        quotas=[q("a", 8, borrow_gpus=2), q("b", 8)],
+    )
     (d,) = plan_cycle(snap, 0.0, "fair")
     assert d.never_fits and "at most 10" in d.reason
 
@@ -124,16 +143,22 @@ def test_fair_guarantee_first_then_smallest_borrowed_share():
     r = running(gang("ra", team="a", gpus=8), ["n1"])
     pending = [gang(f"a{i}", team="a", gpus=1, submitted_at=i) for i in range(4)]
     pending += [gang(f"b{i}", team="b", gpus=1, submitted_at=10 + i) for i in range(4)]
-    snap = qsnap([node("n1", gpus=8), node("n2", gpus=4)], pending, running=[r],
-                 quotas=[q("a", 4), q("b", 2), q("c", 6)])  # fmt: skip
+    snap = qsnap(
+        [node("n1", gpus=8), node("n2", gpus=4)],
+        pending,
+        running=[r],
+        quotas=[q("a", 4), q("b", 2), q("c", 6)],
+    )
     got = admits(plan_cycle(snap, 0.0, "fair"))
     # b0, b1 within b's guarantee; then b borrows (share 0, then 1/12) before a (4/12)
     assert sorted(got) == ["b0", "b1", "b2", "b3"]
 
 
 def test_fair_priority_orders_within_a_team():
-    snap = qsnap([node("n", gpus=1)],
-                 [gang("low", gpus=1, submitted_at=0), gang("high", gpus=1, priority=5, submitted_at=9)])  # fmt: skip
+    snap = qsnap(
+        [node("n", gpus=1)],
+        [gang("low", gpus=1, submitted_at=0), gang("high", gpus=1, priority=5, submitted_at=9)],
+    )
     assert admits(plan_cycle(snap, 0.0, "fair")) == {"high": ("n",)}
 
 
@@ -144,8 +169,11 @@ def test_fair_least_attained_service_goes_first():
 
 
 def test_fair_skips_a_gang_that_does_not_fit():
-    snap = qsnap([node("n", gpus=4)], [gang("big", gpus=8, submitted_at=0), gang("s", gpus=2, submitted_at=1)],
-                 running=[running(gang("r", gpus=1), ["n"])])  # fmt: skip
+    snap = qsnap(
+        [node("n", gpus=4)],
+        [gang("big", gpus=8, submitted_at=0), gang("s", gpus=2, submitted_at=1)],
+        running=[running(gang("r", gpus=1), ["n"])],
+    )
     snap = replace(snap, nodes=snap.nodes + (node("m", gpus=8, used_gpus=1),))
     d = by_id(plan_cycle(snap, 0.0, "fair"))
     assert isinstance(d["big"], Wait) and isinstance(d["s"], Admit)
@@ -156,10 +184,16 @@ def test_fair_skips_a_gang_that_does_not_fit():
 
 def _reclaim_case(**kw):
     # a borrows the whole cluster; b (guarantee 8) submits 4 GPUs of work.
-    runs = [running(gang(f"a{i}", team="a", gpus=2), [f"n{i // 4}"], started_at=float(i), **kw)
-            for i in range(8)]  # fmt: skip
-    return qsnap([node("n0", gpus=8), node("n1", gpus=8)], [gang("b1", team="b", gpus=4, submitted_at=20)],
-                 running=runs, quotas=[q("a", 8), q("b", 8)])  # fmt: skip
+    runs = [
+        running(gang(f"a{i}", team="a", gpus=2), [f"n{i // 4}"], started_at=float(i), **kw)
+        for i in range(8)
+    ]
+    return qsnap(
+        [node("n0", gpus=8), node("n1", gpus=8)],
+        [gang("b1", team="b", gpus=4, submitted_at=20)],
+        running=runs,
+        quotas=[q("a", 8), q("b", 8)],
+    )
 
 
 def test_fair_reclaims_a_guarantee_by_preempting_borrowed_work_then_admits():
@@ -186,14 +220,16 @@ def test_fair_never_preempts_non_preemptible_or_within_guarantee_work():
     snap = _reclaim_case()
     snap = replace(
         snap,
-        running=tuple(
-            replace(r, gang=replace(r.gang, preemptible=False)) for r in snap.running
-        ),
+        running=tuple(replace(r, gang=replace(r.gang, preemptible=False)) for r in snap.running),
     )
     assert not preempts(plan_cycle(snap, 30.0, "fair"))
     # a within its guarantee: nothing to reclaim either
-    fine = qsnap([node("n0", gpus=8)], [gang("b1", team="b", gpus=4)],
-                 running=[running(gang("a0", team="a", gpus=8), ["n0"])], quotas=[q("a", 8), q("b", 8)])  # fmt: skip
+    fine = qsnap(
+        [node("n0", gpus=8)],
+        [gang("b1", team="b", gpus=4)],
+        running=[running(gang("a0", team="a", gpus=8), ["n0"])],
+        quotas=[q("a", 8), q("b", 8)],
+    )
     assert not preempts(plan_cycle(fine, 0.0, "fair"))
 
 
@@ -203,8 +239,12 @@ def test_fair_without_preemption_waits():
 
 
 def test_fair_preempts_lower_priority_work_of_the_same_team_within_its_guarantee():
-    snap = qsnap([node("n", gpus=4)], [gang("urgent", team="a", gpus=4, priority=9)],
-                 running=[running(gang("batch", team="a", gpus=4, priority=0), ["n"])], quotas=[q("a", 8)])  # fmt: skip
+    snap = qsnap(
+        [node("n", gpus=4)],
+        [gang("urgent", team="a", gpus=4, priority=9)],
+        running=[running(gang("batch", team="a", gpus=4, priority=0), ["n"])],
+        quotas=[q("a", 8)],
+    )
     (p, w) = plan_cycle(snap, 0.0, "fair")
     assert p == Preempt("batch", p.reason) and "lower priority" in p.reason
     assert w.workload_id == "urgent"
@@ -214,8 +254,11 @@ def test_fair_preempts_lower_priority_work_of_the_same_team_within_its_guarantee
 
 
 def test_fair_holds_nodes_for_a_starving_gang():
-    runs = [running(gang("r0", gpus=4), ["n0"]), running(gang("r1", gpus=6), ["n1"]),
-            running(gang("r2", gpus=4), ["n2"])]  # fmt: skip
+    runs = [
+        running(gang("r0", gpus=4), ["n0"]),
+        running(gang("r1", gpus=6), ["n1"]),
+        running(gang("r2", gpus=4), ["n2"]),
+    ]
     old = gang("old", workers=1, gpus=8, submitted_at=0.0)
     young = [gang(f"y{i}", gpus=1, submitted_at=100.0 * H + i) for i in range(8)]
     nodes = [node("n0", gpus=8), node("n1", gpus=8), node("n2", gpus=8)]
@@ -223,12 +266,8 @@ def test_fair_holds_nodes_for_a_starving_gang():
     d = plan_cycle(snap, 100.0 * H, "fair")
     assert "nodes are held" in by_id(d)["old"].reason
     got = admits(d)
-    assert len(got) == 6 and all(
-        p != ("n0",) for p in got.values()
-    )  # n0 is kept for "old"
-    assert (
-        len(admits(plan_cycle(snap, 1.0 * H, "fair"))) == 8
-    )  # not yet starving: no hold
+    assert len(got) == 6 and all(p != ("n0",) for p in got.values())  # n0 is kept for "old"
+    assert len(admits(plan_cycle(snap, 1.0 * H, "fair"))) == 8  # not yet starving: no hold
 
 
 def test_fair_a_starving_borrower_closes_the_cohort_to_other_borrowers():
@@ -246,6 +285,4 @@ def test_decisions_cover_every_pending_gang_once():
     for policy in ("fifo", "backfill", "fair"):
         decisions = plan_cycle(snap, 30.0, policy)
         by_id([d for d in decisions if not isinstance(d, Preempt)])
-        assert {d.workload_id for d in decisions if not isinstance(d, Preempt)} == {
-            "b1"
-        }
+        assert {d.workload_id for d in decisions if not isinstance(d, Preempt)} == {"b1"}

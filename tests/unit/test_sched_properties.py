@@ -14,17 +14,16 @@ import random
 from collections import Counter, defaultdict
 from dataclasses import replace
 
-from builders import gang, node
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sched_helpers import apply, q
 
 from aicluster.core.model import Admit, Preempt, Snapshot, Wait
 from aicluster.core.scheduler import POLICY_NAMES, get_policy, plan_cycle
 
-SETTINGS = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+from builders import gang, node
+from sched_helpers import apply, q
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TEAMS = ["a", "b", "c"]
 
 
@@ -38,9 +37,7 @@ def clusters(draw, one_gpu_gangs: bool = False):
                 f"n{i}",
                 gpus=draw(st.sampled_from([2, 4, 8])),
                 cpus=32,
-                gpu_model=None
-                if one_gpu_gangs
-                else draw(st.sampled_from([None, "A100"])),
+                gpu_model=None if one_gpu_gangs else draw(st.sampled_from([None, "A100"])),
                 pool="default"
                 if one_gpu_gangs
                 else draw(st.sampled_from(["default", "default", "p2"])),
@@ -63,17 +60,25 @@ def clusters(draw, one_gpu_gangs: bool = False):
         for j in range(k):
             workers = 1 if one_gpu_gangs else draw(st.integers(1, 3))
             gpus = 1 if one_gpu_gangs else draw(st.sampled_from([1, 2, 4, 8]))
-            out.append(replace(
-                gang(f"{prefix}{j}", team=draw(st.sampled_from(TEAMS)), workers=workers, gpus=gpus,
-                     priority=draw(st.sampled_from([0, 0, 1])), submitted_at=t0 + j,
-                     gpu_model=None if one_gpu_gangs else draw(st.sampled_from([None, None, "a100"]))),
-                locality=draw(st.sampled_from(["pool", "pool", "rack"])),
-            ))  # fmt: skip
+            out.append(
+                replace(
+                    gang(
+                        f"{prefix}{j}",
+                        team=draw(st.sampled_from(TEAMS)),
+                        workers=workers,
+                        gpus=gpus,
+                        priority=draw(st.sampled_from([0, 0, 1])),
+                        submitted_at=t0 + j,
+                        gpu_model=None
+                        if one_gpu_gangs
+                        else draw(st.sampled_from([None, None, "a100"])),
+                    ),
+                    locality=draw(st.sampled_from(["pool", "pool", "rack"])),
+                )
+            )
         return out
 
-    n_old = draw(
-        st.integers(4, 30) if one_gpu_gangs else st.integers(0, 10)
-    )  # fill it up
+    n_old = draw(st.integers(4, 30) if one_gpu_gangs else st.integers(0, 10))  # fill it up
     start = Snapshot(tuple(nodes), tuple(gangs("old", n_old, 0.0)), (), tuple(quotas))
     state = apply(start, plan_cycle(start, 0.0, "fair"), 0.0)
     state = replace(state, pending=tuple(gangs("new", draw(st.integers(0, 8)), 100.0)))
@@ -134,8 +139,7 @@ def test_never_past_guarantee_plus_borrowing_limit(snap, policy):
         ceiling = (
             quota.gpus
             if policy != "fair"
-            else quota.gpus
-            + (quota.borrow_gpus if quota.borrow_gpus is not None else 10**9)
+            else quota.gpus + (quota.borrow_gpus if quota.borrow_gpus is not None else 10**9)
         )
         # a team only grows up to its ceiling (it may already be above it if borrowed before)
         assert after[quota.team] <= max(ceiling, before[quota.team]), (
@@ -179,8 +183,12 @@ def test_team_under_guarantee_gets_it_within_one_cycle(snap):
     first = plan_cycle(snap, 120.0, "fair")
     nxt = apply(snap, first, 120.0)
     second = plan_cycle(nxt, 121.0, "fair")
-    assert not [d for d in second if isinstance(d, Preempt) and d.workload_id in {
-        a.workload_id for a in first if isinstance(a, Admit)}]  # fmt: skip
+    assert not [
+        d
+        for d in second
+        if isinstance(d, Preempt)
+        and d.workload_id in {a.workload_id for a in first if isinstance(a, Admit)}
+    ]
     final = _usage(nxt, second)
     for team, had in owed.items():
         assert final[team] > had, (team, had, final, first, second)

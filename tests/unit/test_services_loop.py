@@ -20,6 +20,7 @@ from aicluster.runtime.replica_auth import SECRET_HEADER
 from aicluster.store.db import Principal
 from aicluster.store.nodes import NodeStore
 from aicluster.store.services import ServiceStore
+
 from fakes import FakeAgents, FakeClock, FakeEngine, node, open_test_store, settle
 
 ADMIN = Principal("admin", None, "admin")
@@ -49,17 +50,32 @@ class World:
         self.probe = FakeProbe()
         logs = LogStore(tmp_path / "logs")
         self.services = ServiceStore(self.store)
-        self.loop = ServiceLoop(self.services, self.engine, logs, self.table, clock=self.clock,
-                                http_get=self.probe)  # fmt: skip
+        self.loop = ServiceLoop(
+            self.services, self.engine, logs, self.table, clock=self.clock, http_get=self.probe
+        )
         self.node_loop = NodeLoop(NodeStore(self.store), FakeAgents(), clock=self.clock)
-        self.ctrl = Controller(self.store, self.engine, logs, tmp_path / "w", tmp_path,
-                               clock=self.clock, node_loop=self.node_loop)  # fmt: skip
+        self.ctrl = Controller(
+            self.store,
+            self.engine,
+            logs,
+            tmp_path / "w",
+            tmp_path,
+            clock=self.clock,
+            node_loop=self.node_loop,
+        )
         self.ctrl.sources.append(self.loop)
         self.ops = ServiceOps(self.services, self.table)
 
     def deploy(self, name: str = "chat", lo: int = 2, hi: int = 3, **extra) -> None:
-        spec = {"kind": "service", "name": name, "model": "sim-model", "engine": "simulated",
-                "resources": {"cpus": 1}, "replicas": {"min": lo, "max": hi}, **extra}  # fmt: skip
+        spec = {
+            "kind": "service",
+            "name": name,
+            "model": "sim-model",
+            "engine": "simulated",
+            "resources": {"cpus": 1},
+            "replicas": {"min": lo, "max": hi},
+            **extra,
+        }
         self.ops.deploy(ADMIN, spec)
 
     def tick(self, n: int = 1) -> None:
@@ -100,7 +116,8 @@ def test_replicas_are_launched_up_to_min_and_published_when_ready(world):
     assert len(ready) == 2 and world.endpoints() == sorted(r.id for r in ready)
     ep = world.table.get("default", "chat")
     assert {e.url.rsplit(":", 1)[0] for e in ep.replicas} == {
-        f"http://{r.node_id}.nodes.test" for r in ready}  # rank 0's address, the launch's port
+        f"http://{r.node_id}.nodes.test" for r in ready
+    }  # rank 0's address, the launch's port
     assert all(e.secret == world.loop.secrets.secret(e.replica_id) for e in ep.replicas)
     secrets = {f"{r.url}/v1/models": world.loop.secrets.secret(r.id) for r in ready}
     assert {url: h[SECRET_HEADER] for url, h in world.probe.calls} == secrets

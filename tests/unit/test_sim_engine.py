@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -22,13 +23,51 @@ from aicluster.sim import (
     summarise,
     synthetic,
     team_cluster,
-)  # fmt: skip
+)
 from aicluster.sim.cluster import SimCluster
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
-needs_traces = pytest.mark.skipif(
-    not TRACES.is_dir(), reason="shared/traces not present"
+# The real traces (../shared/traces beside the checkout, or AICLUSTER_TRACES); the loaders'
+# formats are also checked on small inline samples below, which always run.
+TRACES = Path(
+    os.environ.get("AICLUSTER_TRACES") or Path(__file__).resolve().parents[3] / "shared" / "traces"
 )
+needs_traces = pytest.mark.skipif(
+    not TRACES.is_dir(),
+    reason=f"the real traces are not at {TRACES} (set AICLUSTER_TRACES to their folder)",
+)
+
+
+def test_load_60_job_format(tmp_path):
+    path = tmp_path / "60_job.csv"
+    path.write_text(
+        "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
+        "1,8,30,133,vgg11,147,23\n0,1,0,606,vgg19,164,30\n2,0,30,1,x,0.2,0\n"
+    )
+    jobs = load_60_job(path, team="t")
+    assert [(j.job_id, j.submit, j.gpus, j.duration) for j in jobs] == [
+        ("j0", 0.0, 1, 164.0), ("j1", 30.0, 8, 147.0), ("j2", 30.0, 1, 1.0)
+    ]  # sorted by submit then id; at least 1 GPU and 1 s
+    assert {j.team for j in jobs} == {"t"}
+
+
+def test_load_philly_format(tmp_path):
+    vcs = tmp_path / "vc.csv"
+    vcs.write_text("vc,node num\nbig,64\n795a4c,1\n")
+    assert load_philly_vcs(vcs) == {"big": 64}  # the tiny VCs are dropped
+    path = tmp_path / "philly.csv"
+    path.write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        "2017-10-01 00:01:00,66.0,1,66.0,big\n"
+        "2017-10-01 00:00:00,0.0,0,0.0,big\n"
+        "2017-09-30 23:59:59,10.0,1,10.0,big\n"  # before the window
+        "2017-10-01 00:02:00,10.0,8,80.0,other\n"  # not a kept team
+        ",10.0,1,10.0,big\n"  # no timestamp
+    )
+    jobs = load_philly(path, {"big"})
+    assert [(j.job_id, j.submit, j.duration, j.gpus) for j in jobs] == [
+        ("p1", 0.0, 1.0, 1), ("p0", 60.0, 66.0, 1)
+    ]
+    assert len(load_philly(path)) == 3  # every team
 
 
 # -- loaders ----------------------------------------------------------------------------
@@ -40,9 +79,7 @@ def test_load_60_job():
     assert len(jobs) == 60
     assert [j.submit for j in jobs] == sorted(j.submit for j in jobs)
     assert sorted({j.gpus for j in jobs}) == [1, 2, 4, 8]
-    assert (
-        min(j.duration for j in jobs) == 121 and max(j.duration for j in jobs) == 1800
-    )
+    assert min(j.duration for j in jobs) == 121 and max(j.duration for j in jobs) == 1800
 
 
 @needs_traces
@@ -106,9 +143,7 @@ def test_jobs_queue_fifo_on_a_full_cluster():
 
 def test_reclaim_preempts_and_charges_checkpoint_and_restore_cost():
     # a borrows the whole 8-GPU node at t=0; b (guarantee 4) arrives at t=1000.
-    cluster = SimCluster(
-        build_nodes(1), (Quota("a", "default", 4), Quota("b", "default", 4))
-    )
+    cluster = SimCluster(build_nodes(1), (Quota("a", "default", 4), Quota("b", "default", 4)))
     jobs = [TraceJob("a1", "a", 0.0, 5000.0, 8), TraceJob("b1", "b", 1000.0, 100.0, 4)]
     cfg = SimConfig(checkpoint_every_s=300.0, restore_s=60.0)
     res = simulate(jobs, cluster, "fair", cfg)
@@ -125,11 +160,7 @@ def test_reclaim_preempts_and_charges_checkpoint_and_restore_cost():
 def test_a_job_larger_than_the_cluster_is_rejected_not_waited_for():
     res = simulate([TraceJob("j", "t", 0.0, 10.0, 64)], shared_cluster(2), "fair")
     rep = summarise(res)
-    assert (
-        rep.rejected == 1
-        and rep.unfinished == 0
-        and "could never fit" in res.jobs[0].rejected
-    )
+    assert rep.rejected == 1 and rep.unfinished == 0 and "could never fit" in res.jobs[0].rejected
 
 
 @settings(max_examples=25, deadline=None)
@@ -156,9 +187,7 @@ def test_every_job_of_a_finite_trace_finishes(seed, policy, n):
     )
     assert res.unfinished == 0
     for r in res.jobs:
-        assert (
-            r.rejected is None
-        )  # every synthetic gang (<= 16 GPUs) fits every partition
+        assert r.rejected is None  # every synthetic gang (<= 16 GPUs) fits every partition
         assert r.first_start >= r.job.submit
         assert r.finish - r.first_start >= r.job.duration - 1e-6
     rep = summarise(res)

@@ -136,7 +136,9 @@ def test_memory_in_bytes_as_a_yaml_integer():
     assert spec.resources.memory == 2 * Gi
 
 
-@pytest.mark.parametrize("bad", ["2Zi", "abc", "", "Gi", "-1Gi", "1e9", "1.2.3G", True, -1, None, [1]])
+@pytest.mark.parametrize(
+    "bad", ["2Zi", "abc", "", "Gi", "-1Gi", "1e9", "1.2.3G", True, -1, None, [1]]
+)
 def test_parse_memory_rejects_garbage(bad):
     with pytest.raises(ValueError):
         parse_memory(bad)
@@ -162,7 +164,9 @@ def test_unknown_field_nested_under_resources_is_reported_at_its_own_line():
 
 
 def test_every_issue_is_reported_not_just_the_first():
-    text = "kind: job\nname: a\ncommand: x\nresources:\n  gpus: 1\n  colour: red\nworkers: 0\nfoo: 1\n"
+    text = (
+        "kind: job\nname: a\ncommand: x\nresources:\n  gpus: 1\n  colour: red\nworkers: 0\nfoo: 1\n"
+    )
     issues = issues_of(text)
     assert {(i.field, i.line) for i in issues} == {
         ("resources.colour", 6),

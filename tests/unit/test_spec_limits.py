@@ -27,14 +27,17 @@ def _issues(doc: dict) -> list[dict]:
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
-@pytest.mark.parametrize("doc,field", [
-    ({**JOB, "resources": {"cpus": None}}, "resources.cpus"),
-    ({**JOB, "max_pending_seconds": None}, "max_pending_seconds"),
-    ({**SERVICE, "readiness_timeout_s": None}, "readiness_timeout_s"),
-    ({**SERVICE, "autoscaling": {"upscale_delay_s": None}}, "autoscaling.upscale_delay_s"),
-    ({**SERVICE, "engine_args": {"x": None}}, "engine_args.x"),
-    ({**SERVICE, "routing": {"options": {"x": None}}}, "routing.options.x"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "doc,field",
+    [
+        ({**JOB, "resources": {"cpus": None}}, "resources.cpus"),
+        ({**JOB, "max_pending_seconds": None}, "max_pending_seconds"),
+        ({**SERVICE, "readiness_timeout_s": None}, "readiness_timeout_s"),
+        ({**SERVICE, "autoscaling": {"upscale_delay_s": None}}, "autoscaling.upscale_delay_s"),
+        ({**SERVICE, "engine_args": {"x": None}}, "engine_args.x"),
+        ({**SERVICE, "routing": {"options": {"x": None}}}, "routing.options.x"),
+    ],
+)
 def test_non_finite_numbers_are_refused_in_every_spec(doc, field, value):
     doc = _put(doc, field, value)
     assert {i["field"] for i in _issues(doc)} == {field}
@@ -57,11 +60,17 @@ def test_yaml_infinity_names_field_and_line():
     assert "line 5: resources.cpus" in str(exc.value)
 
 
-@pytest.mark.parametrize("resources,field", [
-    ({"memory": 1e30}, "resources.memory"), ({"memory": MAX_MEMORY + 1}, "resources.memory"),
-    ({"memory": "2000Ti"}, "resources.memory"), ({"cpus": 4097}, "resources.cpus"),
-    ({"gpus": 1025}, "resources.gpus"), ({"gpus": 2**64}, "resources.gpus"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "resources,field",
+    [
+        ({"memory": 1e30}, "resources.memory"),
+        ({"memory": MAX_MEMORY + 1}, "resources.memory"),
+        ({"memory": "2000Ti"}, "resources.memory"),
+        ({"cpus": 4097}, "resources.cpus"),
+        ({"gpus": 1025}, "resources.gpus"),
+        ({"gpus": 2**64}, "resources.gpus"),
+    ],
+)
 def test_resources_are_capped(resources, field):
     assert [i["field"] for i in _issues({**JOB, "resources": resources})] == [field]
     assert _issues({**SERVICE, "resources": resources})[0]["field"] == field
@@ -69,7 +78,11 @@ def test_resources_are_capped(resources, field):
 
 def test_resources_within_caps_are_accepted():
     spec = validate_spec({**JOB, "resources": {"memory": MAX_MEMORY, "cpus": 4096, "gpus": 1024}})
-    assert (spec.resources.memory, spec.resources.cpus, spec.resources.gpus) == (MAX_MEMORY, 4096, 1024)
+    assert (spec.resources.memory, spec.resources.cpus, spec.resources.gpus) == (
+        MAX_MEMORY,
+        4096,
+        1024,
+    )
     assert validate_spec({**JOB, "resources": {"memory": 1e9}}).resources.memory == 10**9
 
 
@@ -88,8 +101,26 @@ def test_valid_names(name):
     assert is_name(name) and check_name(name, "team") == name
 
 
-@pytest.mark.parametrize("name", ["", "-a", "a-", "A", "a_b", "a.b", "a/b", "../../evil\nFAKE",
-                                  "a\x00b", "a\nb", "x" * 64, " a", "é", None, 3])  # fmt: skip
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "-a",
+        "a-",
+        "A",
+        "a_b",
+        "a.b",
+        "a/b",
+        "../../evil\nFAKE",
+        "a\x00b",
+        "a\nb",
+        "x" * 64,
+        " a",
+        "é",
+        None,
+        3,
+    ],
+)
 def test_invalid_names(name):
     assert not is_name(name)
     with pytest.raises(ValueError, match="invalid pool"):
@@ -122,13 +153,17 @@ def test_a_plain_workdir_archive_is_accepted():
     check_workdir_archive(_tar([_file("/etc/cron.d/x", b"1")]))
 
 
-@pytest.mark.parametrize("blob,why", [
-    (b"just text", "not a gzip"), (b"\x1f\x8b\x08garbage", "not a valid"),
-    (_tar([_file("../up", b"1")]), "outside"),
-    (_tar([_link("l", "../../etc/passwd")]), "outside"),
-    (_tar([_link("l", "/etc/passwd")]), "absolute"),
-    (_tar([_link("h", "../../etc/passwd", tarfile.LNKTYPE)]), "outside"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "blob,why",
+    [
+        (b"just text", "not a gzip"),
+        (b"\x1f\x8b\x08garbage", "not a valid"),
+        (_tar([_file("../up", b"1")]), "outside"),
+        (_tar([_link("l", "../../etc/passwd")]), "outside"),
+        (_tar([_link("l", "/etc/passwd")]), "absolute"),
+        (_tar([_link("h", "../../etc/passwd", tarfile.LNKTYPE)]), "outside"),
+    ],
+)
 def test_bad_workdir_archives_are_refused(blob, why):
     with pytest.raises(WorkdirInvalid, match=why):
         check_workdir_archive(blob)
@@ -139,14 +174,19 @@ def test_workdir_unpacked_size_and_file_count_are_capped():
         check_workdir_archive(_tar([_file(f"f{i}", b"x" * 600) for i in range(3)]), max_bytes=1000)
     with pytest.raises(WorkdirInvalid, match="more than 10 files"):
         check_workdir_archive(_tar([_file(f"f{i}") for i in range(11)]), max_files=10)
-    check_workdir_archive(_tar([_file(f"f{i}", b"x" * 100) for i in range(10)]),
-                          max_bytes=1000, max_files=10)  # fmt: skip
+    check_workdir_archive(
+        _tar([_file(f"f{i}", b"x" * 100) for i in range(10)]), max_bytes=1000, max_files=10
+    )
 
 
 def test_strict_json_refuses_non_finite_and_huge_numbers_naming_the_field():
-    for text, field in [('{"a": {"b": 1e309}}', "a.b"), ('{"a": [1, NaN]}', "a.1"),
-                        ('{"x": -Infinity}', "x"), ('{"n": 18446744073709551616}', "n"),
-                        ('{"n": ' + "9" * 5000 + "}", "n")]:  # fmt: skip
+    for text, field in [
+        ('{"a": {"b": 1e309}}', "a.b"),
+        ('{"a": [1, NaN]}', "a.1"),
+        ('{"x": -Infinity}', "x"),
+        ('{"n": 18446744073709551616}', "n"),
+        ('{"n": ' + "9" * 5000 + "}", "n"),
+    ]:
         with pytest.raises(HTTPException) as exc:
             loads(text)
         assert exc.value.status_code == 422 and exc.value.detail["field"] == field
@@ -171,7 +211,10 @@ def test_strict_json_refuses_non_utf8():
 
 def test_finite_replaces_non_finite_values():
     assert finite({"a": [1.0, float("inf")], "b": {"c": float("nan")}, "d": "x"}) == {
-        "a": [1.0, None], "b": {"c": None}, "d": "x"}  # fmt: skip
+        "a": [1.0, None],
+        "b": {"c": None},
+        "d": "x",
+    }
 
 
 def test_body_limits_by_route_family():

@@ -80,8 +80,12 @@ def test_create_and_list_teams(store, clock):
     assert not store.team_exists("nlp")
     (ev, _) = store.list_events()
     assert (ev.kind, ev.object_id, ev.team, ev.type, ev.actor) == (
-        "team", "vision", "vision", "TeamCreated", "root",
-    )  # fmt: skip
+        "team",
+        "vision",
+        "vision",
+        "TeamCreated",
+        "root",
+    )
     assert ev.ts == clock.now
 
 
@@ -348,8 +352,11 @@ def test_requeue_goes_back_to_pending_and_can_count_restarts(ml, clock):
     assert rec.finished_at is None
     statuses = [(e.from_status, e.to_status) for e in ml.list_events(object_id=job.id)]
     assert statuses == [
-        (None, "PENDING"), ("PENDING", "ADMITTED"), ("ADMITTED", "RUNNING"), ("RUNNING", "PENDING"),
-    ]  # fmt: skip
+        (None, "PENDING"),
+        ("PENDING", "ADMITTED"),
+        ("ADMITTED", "RUNNING"),
+        ("RUNNING", "PENDING"),
+    ]
 
 
 # -- wait messages -----------------------------------------------------------------
@@ -416,8 +423,12 @@ def test_list_events_filters_by_team_object_and_after(ml):
     ids = [e.id for e in everything]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     assert [e.type for e in everything] == [
-        "TeamCreated", "TeamCreated", "JobSubmitted", "JobSubmitted", "JobTransition",
-    ]  # fmt: skip
+        "TeamCreated",
+        "TeamCreated",
+        "JobSubmitted",
+        "JobSubmitted",
+        "JobTransition",
+    ]
 
     ml_events = ml.list_events(team="ml")
     assert {e.team for e in ml_events} == {"ml"}
@@ -438,8 +449,12 @@ def test_add_event(ml, clock):
     ml.add_event("node", "n1", None, "NodeLost", message="heartbeat missed", actor="monitor")
     ev = ml.list_events(object_id="n1")[0]
     assert (ev.kind, ev.type, ev.team, ev.message, ev.actor) == (
-        "node", "NodeLost", None, "heartbeat missed", "monitor",
-    )  # fmt: skip
+        "node",
+        "NodeLost",
+        None,
+        "heartbeat missed",
+        "monitor",
+    )
     assert ev.ts == clock.now
 
 

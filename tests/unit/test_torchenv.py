@@ -38,8 +38,11 @@ def test_node_rank_follows_first_appearance_not_name_order():
 
 def test_single_worker():
     assert rank_layout(["only"], 0) == {
-        "NODE_RANK": 0, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 1, "NNODES": 1,
-    }  # fmt: skip
+        "NODE_RANK": 0,
+        "LOCAL_RANK": 0,
+        "LOCAL_WORLD_SIZE": 1,
+        "NNODES": 1,
+    }
 
 
 def test_tuple_placement_gives_the_same_layout():

@@ -65,8 +65,10 @@ def create_app(services: Services, routers=()) -> FastAPI:
     app = FastAPI(title="aicluster", version="0.1.0", description="aicluster control-plane API")
     app.router.route_class = StrictJSONRoute  # no NaN, Infinity, 2**64 or deep nesting
     app.add_middleware(BodyLimitMiddleware)  # before parsing and before authentication
-    install_error_handlers(app, {NotFoundError: 404, NotFound: 404, ForbiddenError: 403,
-                                 BadRequest: 400, Conflict: 409})  # fmt: skip
+    install_error_handlers(
+        app,
+        {NotFoundError: 404, NotFound: 404, ForbiddenError: 403, BadRequest: 400, Conflict: 409},
+    )
 
     def principal(
         request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)
@@ -153,9 +155,12 @@ def create_app(services: Services, routers=()) -> FastAPI:
         return {"nodes": out}
 
     @app.post("/v1/nodes/{node}/{action}", responses=responses(*ADMIN, 404, *BODY))
-    def node_action(node: str = Path(max_length=MAX_TEXT), action: str = Path(max_length=64),
-                    body: NodeActionBody | None = None,
-                    who: Principal = Depends(principal)):  # fmt: skip
+    def node_action(
+        node: str = Path(max_length=MAX_TEXT),
+        action: str = Path(max_length=64),
+        body: NodeActionBody | None = None,
+        who: Principal = Depends(principal),
+    ):
         if action not in ("cordon", "drain", "uncordon"):
             raise NotFoundError(f"unknown node action {action!r}: cordon, drain or uncordon")
         grace = body.grace_s if body else 300.0
@@ -181,8 +186,13 @@ def create_app(services: Services, routers=()) -> FastAPI:
         return {"name": body.name}
 
     @app.put("/v1/teams/{team}/quotas/{pool}", responses=responses(*ADMIN, 404, *BODY))
-    def set_quota(team: str = TeamName, pool: str = PoolName, *, body: QuotaBody,
-                  who: Principal = Depends(principal)):  # fmt: skip
+    def set_quota(
+        team: str = TeamName,
+        pool: str = PoolName,
+        *,
+        body: QuotaBody,
+        who: Principal = Depends(principal),
+    ):
         q = services.set_quota(who, Quota(team=team, pool=pool, **body.model_dump()))
         return asdict(q)
 
@@ -215,4 +225,3 @@ def job_token_may(method: str, path: str) -> bool:
 
 class _Unauthorized(Exception):
     pass
-

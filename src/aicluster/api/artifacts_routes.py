@@ -99,8 +99,10 @@ def _field(loc) -> str:
 
 
 def _validation_error(exc: RequestValidationError) -> JSONResponse:
-    issues = [{"field": _field(e.get("loc", ())), "message": _text(e.get("msg", ""))}
-              for e in exc.errors()[:20]]  # fmt: skip
+    issues = [
+        {"field": _field(e.get("loc", ())), "message": _text(e.get("msg", ""))}
+        for e in exc.errors()[:20]
+    ]
     message = "; ".join(f"{i['field']}: {i['message']}" for i in issues[:3]) or "invalid request"
     return _error(422, message, field=issues[0]["field"] if issues else None, issues=issues)
 
@@ -155,8 +157,11 @@ def artifact_json(a: ArtifactRecord, versions: list[VersionRecord] | None = None
 def artifact_router(svc: ArtifactService, principal) -> APIRouter:
     r = APIRouter(tags=["artifacts"], route_class=ArtifactRoute)
 
-    @r.post("/v1/artifacts/uploads", status_code=201,
-            responses=errors(400, 403, 404, 409, 413, 422, 503))  # fmt: skip
+    @r.post(
+        "/v1/artifacts/uploads",
+        status_code=201,
+        responses=errors(400, 403, 404, 409, 413, 422, 503),
+    )
     def begin(body: UploadBody, who=Depends(principal)):
         files = [f.model_dump() for f in body.files]
         up, missing = svc.begin_upload(
@@ -168,8 +173,7 @@ def artifact_router(svc: ArtifactService, principal) -> APIRouter:
     def missing(upload_id: str, who=Depends(principal)):
         return {"upload_id": upload_id, "missing": svc.missing(who, upload_id)}
 
-    @r.put("/v1/artifacts/uploads/{upload_id}/blobs/{digest}",
-           responses=errors(400, 404, 503))  # fmt: skip
+    @r.put("/v1/artifacts/uploads/{upload_id}/blobs/{digest}", responses=errors(400, 404, 503))
     async def put_blob(upload_id: str, digest: str, request: Request, who=Depends(principal)):
         writer = await run_in_threadpool(svc.blob_writer, who, upload_id, digest)
         buf = bytearray()
@@ -189,8 +193,11 @@ def artifact_router(svc: ArtifactService, principal) -> APIRouter:
             raise
         return {"sha256": digest, "size": size}
 
-    @r.post("/v1/artifacts/uploads/{upload_id}/commit", status_code=201,
-            responses=errors(400, 404, 409, 503))  # fmt: skip
+    @r.post(
+        "/v1/artifacts/uploads/{upload_id}/commit",
+        status_code=201,
+        responses=errors(400, 404, 409, 503),
+    )
     def commit(upload_id: str, who=Depends(principal)):
         try:
             return version_json(svc.commit(who, upload_id))
@@ -216,21 +223,23 @@ def artifact_router(svc: ArtifactService, principal) -> APIRouter:
         art, versions = svc.get(who, f"{team}/{name}")
         return artifact_json(art, versions)
 
-    @r.get("/v1/artifacts/{team}/{name}/versions/{selector}",
-           responses=errors(400, 404, 409, 503))  # fmt: skip
+    @r.get("/v1/artifacts/{team}/{name}/versions/{selector}", responses=errors(400, 404, 409, 503))
     def describe_version(team: str, name: str, selector: str, who=Depends(principal)):
         v, manifest = svc.version(who, f"{team}/{name}:{selector}")
         return version_json(v, manifest)
 
-    @r.get("/v1/artifacts/{team}/{name}/versions/{selector}/blobs/{digest}",
-           responses=errors(400, 404, 409, 503))  # fmt: skip
+    @r.get(
+        "/v1/artifacts/{team}/{name}/versions/{selector}/blobs/{digest}",
+        responses=errors(400, 404, 409, 503),
+    )
     def get_blob(team: str, name: str, selector: str, digest: str, who=Depends(principal)):
         size, chunks = svc.blob(who, f"{team}/{name}:{selector}", digest)
         headers = {"Content-Length": str(size), "X-Sha256": digest}
         return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
 
-    @r.delete("/v1/artifacts/{team}/{name}/versions/{selector}",
-              responses=errors(400, 403, 404, 409, 503))  # fmt: skip
+    @r.delete(
+        "/v1/artifacts/{team}/{name}/versions/{selector}", responses=errors(400, 403, 404, 409, 503)
+    )
     def delete_version(team: str, name: str, selector: str, who=Depends(principal)):
         return version_json(svc.delete(who, f"{team}/{name}:{selector}"))
 
@@ -239,8 +248,9 @@ def artifact_router(svc: ArtifactService, principal) -> APIRouter:
         sel = f":{body.version}" if body.version else ""
         return version_json(svc.tag(who, f"{team}/{name}{sel}", tag))
 
-    @r.delete("/v1/artifacts/{team}/{name}/tags/{tag}", status_code=204,
-              responses=errors(400, 403, 404))  # fmt: skip
+    @r.delete(
+        "/v1/artifacts/{team}/{name}/tags/{tag}", status_code=204, responses=errors(400, 403, 404)
+    )
     def untag(team: str, name: str, tag: str, who=Depends(principal)):
         svc.untag(who, f"{team}/{name}", tag)
         return Response(status_code=204)

@@ -20,8 +20,11 @@ class Body(BaseModel):
 
 class SubmitBody(Body):
     spec: dict = Field(description="a job spec (kind: job), as in a job.yaml")
-    workdir: str | None = Field(default=None, max_length=MAX_WORKDIR_B64,
-                                description="the working directory: a base64 .tar.gz")  # fmt: skip
+    workdir: str | None = Field(
+        default=None,
+        max_length=MAX_WORKDIR_B64,
+        description="the working directory: a base64 .tar.gz",
+    )
 
 
 class NodeActionBody(Body):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from aicluster.spec.limits import MAX_WORKDIR_BYTES
 
@@ -45,12 +45,26 @@ def _declared_length(scope) -> int | None:
 
 
 async def _too_large(send, limit: int) -> None:
-    body = json.dumps({"detail": {"message": f"request body larger than {limit} bytes",
-                                  "field": "(body)", "limit": limit}}).encode()  # fmt: skip
-    await send({"type": "http.response.start", "status": 413, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
-    ]})  # fmt: skip
+    body = json.dumps(
+        {
+            "detail": {
+                "message": f"request body larger than {limit} bytes",
+                "field": "(body)",
+                "limit": limit,
+            }
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

@@ -51,8 +51,16 @@ def _health_commands(home: Path) -> dict[str, str]:
 class ControlPlane:
     """Wires store, engine, controller and API; `serve()` blocks until shutdown."""
 
-    def __init__(self, home: Path, ray_address: str, host: str, port: int, tick_s: float = 0.2,
-                 policy: str = "fair", shared_paths: list[Path] = ()):  # fmt: skip
+    def __init__(
+        self,
+        home: Path,
+        ray_address: str,
+        host: str,
+        port: int,
+        tick_s: float = 0.2,
+        policy: str = "fair",
+        shared_paths: list[Path] = (),
+    ):
         apply_ray_env(home, loopback=ray_address.startswith("127."))
         from aicluster.api.app import create_app
         from aicluster.api.artifacts_routes import artifact_router
@@ -81,9 +89,16 @@ class ControlPlane:
         self.home, self.host, self.port, self.tick_s = home, host, port, tick_s
         self.store = open_store(home / "state.db")
         bootstrap_admin(self.store, home)
-        sandboxing = Sandboxing(self.store.team_uid, shared=shared_paths, hidden=[
-            home, ray_temp_dir(home), Path(os.environ["RAY_AUTH_TOKEN_PATH"]).parent,
-            Path(os.environ.get("RAY_TMPDIR", ray_temp_dir(home)))])  # fmt: skip
+        sandboxing = Sandboxing(
+            self.store.team_uid,
+            shared=shared_paths,
+            hidden=[
+                home,
+                ray_temp_dir(home),
+                Path(os.environ["RAY_AUTH_TOKEN_PATH"]).parent,
+                Path(os.environ.get("RAY_TMPDIR", ray_temp_dir(home))),
+            ],
+        )
         sandboxing.warn_if_unavailable()
         self.engine = RayEngine(ray_address, sandbox_for=sandboxing.policy)
         logs = LogStore(home / "logs")
@@ -92,35 +107,68 @@ class ControlPlane:
         self.wakeup = threading.Event()
         wake = self.wakeup.set
         self.metrics = Metrics()
-        self.artifacts = ArtifactService(ArtifactStore.open(self.store, home),
-                                         job_team=self._job_team)  # fmt: skip
-        self.node_loop = NodeLoop(NodeStore(self.store), HealthAgents(NAMESPACE),
-                                  commands=_health_commands(home))  # fmt: skip
+        self.artifacts = ArtifactService(
+            ArtifactStore.open(self.store, home), job_team=self._job_team
+        )
+        self.node_loop = NodeLoop(
+            NodeStore(self.store), HealthAgents(NAMESPACE), commands=_health_commands(home)
+        )
         quotas = QuotaStore(self.store)
         self.controller = Controller(
-            self.store, self.engine, logs, workdirs, home, notify=wake, metrics=self.metrics,
-            node_loop=self.node_loop, policy=policy, quotas=quotas, artifacts=self.artifacts,
+            self.store,
+            self.engine,
+            logs,
+            workdirs,
+            home,
+            notify=wake,
+            metrics=self.metrics,
+            node_loop=self.node_loop,
+            policy=policy,
+            quotas=quotas,
+            artifacts=self.artifacts,
             api_url=f"http://{host}:{port}",
-        )  # fmt: skip
+        )
         table = EndpointTable()
         service_store = ServiceStore(self.store)
-        self.services = ServiceLoop(service_store, self.engine, logs, table, notify=wake,
-                                    artifacts=self.artifacts, home=home)  # fmt: skip
+        self.services = ServiceLoop(
+            service_store,
+            self.engine,
+            logs,
+            table,
+            notify=wake,
+            artifacts=self.artifacts,
+            home=home,
+        )
         self.services.artifact_nodes = self.controller.artifact_nodes  # one locality map
         self.controller.sources.append(self.services)
         ops = ServiceOps(service_store, table, notify=wake, artifacts=self.artifacts)
-        self.metrics.add_state(StateCollector(self.store, self.engine, self.services,
-                                              node_states=self.node_loop.nodes.all))  # fmt: skip
+        self.metrics.add_state(
+            StateCollector(
+                self.store, self.engine, self.services, node_states=self.node_loop.nodes.all
+            )
+        )
         self.gateway = Gateway(table, self._people_only, metrics=self.metrics)
         self.app = create_app(
-            Services(self.store, self.engine, logs, workdirs, notify=wake,
-                     other_workloads=self.services.active_workloads, node_loop=self.node_loop,
-                     quotas=quotas, queue=lambda: self.controller.queue,
-                     artifacts=self.artifacts),
-            routers=[lambda p: services_router(ops, p), lambda _p: self.gateway.router(),
-                     lambda p: artifact_router(self.artifacts, p),
-                     lambda p: metrics_router(self.metrics, p), web_router],
-        )  # fmt: skip
+            Services(
+                self.store,
+                self.engine,
+                logs,
+                workdirs,
+                notify=wake,
+                other_workloads=self.services.active_workloads,
+                node_loop=self.node_loop,
+                quotas=quotas,
+                queue=lambda: self.controller.queue,
+                artifacts=self.artifacts,
+            ),
+            routers=[
+                lambda p: services_router(ops, p),
+                lambda _p: self.gateway.router(),
+                lambda p: artifact_router(self.artifacts, p),
+                lambda p: metrics_router(self.metrics, p),
+                web_router,
+            ],
+        )
 
     def _people_only(self, token: str):
         """The gateway's authentication: users' tokens only; a job's scoped token is not one."""
@@ -136,7 +184,7 @@ class ControlPlane:
         while not self.stopping.is_set():
             try:
                 self.controller.tick()
-            except Exception:  # noqa: BLE001 - keep reconciling; the next tick retries
+            except Exception:
                 log.exception("controller tick failed")
             self.wakeup.wait(self.tick_s)  # a submit or a finished launch ticks at once
             self.wakeup.clear()
@@ -168,15 +216,28 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--policy", default="fair", choices=["fair", "fifo", "backfill"])
-    p.add_argument("--shared-path", action="append", default=[], type=Path,
-                   help="a folder every workload may read and write (shared storage)")
+    p.add_argument(
+        "--shared-path",
+        action="append",
+        default=[],
+        type=Path,
+        help="a folder every workload may read and write (shared storage)",
+    )
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     home = Path(args.home)
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)  # admin.token, state.db and every team's logs live here
-    cp = ControlPlane(home, args.ray_address, args.host, args.port, policy=args.policy,
-                      shared_paths=args.shared_path)
+    cp = ControlPlane(
+        home,
+        args.ray_address,
+        args.host,
+        args.port,
+        policy=args.policy,
+        shared_paths=args.shared_path,
+    )
     (home / "controlplane.json").write_text(
         json.dumps({"pid": os.getpid(), "url": f"http://{args.host}:{args.port}"})
     )

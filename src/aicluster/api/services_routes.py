@@ -30,16 +30,21 @@ def service_json(ops: ServiceOps, svc: ServiceRecord, with_history: bool = False
     reps = ops.replicas(svc, live_only=not with_history)
     demand = ops.table.demand(svc.team, svc.name)
     d = {
-        "name": svc.name, "team": svc.team, "owner": svc.owner, "spec": svc.spec,
-        "engine": svc.spec.get("engine"), "model": svc.spec.get("model"),
+        "name": svc.name,
+        "team": svc.team,
+        "owner": svc.owner,
+        "spec": svc.spec,
+        "engine": svc.spec.get("engine"),
+        "model": svc.spec.get("model"),
         "replicas_min": svc.spec.get("replicas", {}).get("min"),
         "replicas_max": svc.spec.get("replicas", {}).get("max"),
         "manual_replicas": svc.manual_replicas,
         "ready": sum(1 for r in reps if r.status.value == "READY"),
         "ongoing_requests": demand.ongoing,
-        "created_at": svc.created_at, "updated_at": svc.updated_at,
+        "created_at": svc.created_at,
+        "updated_at": svc.updated_at,
         "replicas": [dict(asdict(r), status=r.status.value) for r in reps],
-    }  # fmt: skip
+    }
     return finite(d)
 
 
@@ -59,7 +64,12 @@ def services_router(ops: ServiceOps, principal) -> APIRouter:
         return service_json(ops, ops.get(who, name, team), with_history=True)
 
     @r.post("/v1/services/{name}/scale", responses=responses(401, 403, 404, *BODY))
-    def scale(body: ScaleBody, name: str = ServiceName, team: str | None = TeamQuery, who=Depends(principal)):
+    def scale(
+        body: ScaleBody,
+        name: str = ServiceName,
+        team: str | None = TeamQuery,
+        who=Depends(principal),
+    ):
         return service_json(ops, ops.scale(who, name, team, body.replicas))
 
     @r.delete("/v1/services/{name}", responses=responses(401, 403, 404, 422))

@@ -46,16 +46,23 @@ def loads(raw: bytes | str) -> Any:
         if len(text) > 20:
             return mark("integer out of range (64 bits)")
         value = int(text)
-        return value if -INT64_MAX - 1 <= value <= INT64_MAX else mark(
-            "integer out of range (64 bits)"
+        return (
+            value
+            if -INT64_MAX - 1 <= value <= INT64_MAX
+            else mark("integer out of range (64 bits)")
         )
 
     try:
-        doc = json.loads(raw, parse_float=parse_float, parse_int=parse_int,
-                         parse_constant=lambda name: mark(f"{name} is not a valid JSON number"))  # fmt: skip
+        doc = json.loads(
+            raw,
+            parse_float=parse_float,
+            parse_int=parse_int,
+            parse_constant=lambda name: mark(f"{name} is not a valid JSON number"),
+        )
     except RecursionError:
-        raise _refuse(400, f"the JSON body is nested more than {MAX_DEPTH} levels deep",
-                      "(body)") from None  # fmt: skip
+        raise _refuse(
+            400, f"the JSON body is nested more than {MAX_DEPTH} levels deep", "(body)"
+        ) from None
     except UnicodeDecodeError:
         raise _refuse(400, "the body is not UTF-8 encoded JSON", "(body)") from None
     _check(doc, bool(refused))
@@ -70,11 +77,17 @@ def _check(doc: Any, has_refused: bool) -> None:
         if isinstance(node, (dict, list)):
             if depth >= MAX_DEPTH:
                 field = ".".join(map(str, path[:8])) + ("..." if len(path) > 8 else "")
-                raise _refuse(400, f"the JSON body is nested more than {MAX_DEPTH} levels deep",
-                              field or "(body)")  # fmt: skip
+                raise _refuse(
+                    400,
+                    f"the JSON body is nested more than {MAX_DEPTH} levels deep",
+                    field or "(body)",
+                )
             items = node.items() if isinstance(node, dict) else enumerate(node)
-            stack.extend((v, path + (k,), depth + 1) for k, v in items
-                         if has_refused or isinstance(v, (dict, list)))  # fmt: skip
+            stack.extend(
+                (v, path + (k,), depth + 1)
+                for k, v in items
+                if has_refused or isinstance(v, (dict, list))
+            )
         elif isinstance(node, _Refused):
             field = ".".join(str(p) for p in path) or "(body)"
             raise _refuse(422, f"{field}: {node.why}", field)

@@ -13,6 +13,13 @@ from aicluster.artifacts.names import KINDS, ArtifactRef, RefError, parse_ref
 from aicluster.artifacts.tree import write_tree
 
 __all__ = [
-    "KINDS", "ArtifactRef", "FileEntry", "Manifest", "ManifestError", "RefError", "parse_ref",
-    "scan_folder", "write_tree",
-]  # fmt: skip
+    "KINDS",
+    "ArtifactRef",
+    "FileEntry",
+    "Manifest",
+    "ManifestError",
+    "RefError",
+    "parse_ref",
+    "scan_folder",
+    "write_tree",
+]

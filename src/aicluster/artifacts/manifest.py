@@ -19,7 +19,7 @@ import os
 import unicodedata
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 CHUNK = 1 << 20
 FORMAT = 1
@@ -102,9 +102,7 @@ def check_path(path: str, strict: bool = False) -> str:
     if not isinstance(path, str):
         raise ManifestError(f"file path {path!r}: must be a string")
     if not path or path.startswith("/") or any(part in ("", ".", "..") for part in path.split("/")):
-        raise ManifestError(
-            f"file path {shown(path)}: must be relative, without '.' or '..' parts"
-        )
+        raise ManifestError(f"file path {shown(path)}: must be relative, without '.' or '..' parts")
     if "\0" in path:
         raise ManifestError(f"file path {shown(path)}: contains a NUL character")
     if not strict:
@@ -116,8 +114,7 @@ def check_path(path: str, strict: bool = False) -> str:
     for ch in path:
         if unicodedata.category(ch) in _REFUSED_CATEGORIES:
             raise ManifestError(
-                f"file path {shown(path)}: contains the control or format character "
-                f"U+{ord(ch):04X}"
+                f"file path {shown(path)}: contains the control or format character U+{ord(ch):04X}"
             )
     for part in path.split("/"):
         if len(part.encode()) > MAX_PART_BYTES:

@@ -21,7 +21,7 @@ from rich.progress import (
     TextColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
-)  # fmt: skip
+)
 
 from aicluster.artifacts.manifest import ManifestError, list_folder
 from aicluster.artifacts.names import KINDS
@@ -38,10 +38,12 @@ from aicluster.client import artifacts as sdk
 from aicluster.client.api import ApiError
 
 NameArg = Annotated[
-    str, typer.Argument(help="team/name:version or :tag (team, version optional)", show_default=False)
+    str,
+    typer.Argument(help="team/name:version or :tag (team, version optional)", show_default=False),
 ]
 ProgressOpt = Annotated[
-    bool | None, typer.Option("--progress/--no-progress", help="progress bars (default: on a terminal)")
+    bool | None,
+    typer.Option("--progress/--no-progress", help="progress bars (default: on a terminal)"),
 ]
 
 
@@ -53,8 +55,13 @@ def _bars(enabled: bool | None):
     if not enabled:
         yield None
         return
-    cols = (TextColumn("{task.description:<10}"), BarColumn(), DownloadColumn(),
-            TransferSpeedColumn(), TimeRemainingColumn())  # fmt: skip
+    cols = (
+        TextColumn("{task.description:<10}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*cols, console=out.console(stderr=True), transient=False) as bars:
         yield bars
 
@@ -103,8 +110,17 @@ def push(
             if sent[0]:
                 sent[0](n)
 
-        v = sdk.push(c, path, name, kind, metadata=_parse_meta(meta), producer_job=job,
-                     progress=advance, hashing=hashing, on_plan=plan)  # fmt: skip
+        v = sdk.push(
+            c,
+            path,
+            name,
+            kind,
+            metadata=_parse_meta(meta),
+            producer_job=job,
+            progress=advance,
+            hashing=hashing,
+            on_plan=plan,
+        )
     if output == OutputFormat.json:
         out.print_json(v)
     else:
@@ -117,7 +133,9 @@ def pull(
     cache: Annotated[
         Path | None, typer.Option("--cache", help="node cache folder: DEST becomes read-only links")
     ] = None,
-    cache_size: Annotated[str, typer.Option("--cache-size", help="cache limit, e.g. 50Gi")] = "50Gi",
+    cache_size: Annotated[
+        str, typer.Option("--cache-size", help="cache limit, e.g. 50Gi")
+    ] = "50Gi",
     output: OutputOpt = OutputFormat.table,
     progress: ProgressOpt = None,
     url: UrlOpt = None,
@@ -169,24 +187,36 @@ def ls(
     if output == OutputFormat.json:
         out.print_json(arts)
         return
-    out.print_table(arts, [
-        ("NAME", lambda a: f"{a['team']}/{a['name']}"), ("KIND", "kind"),
-        ("LATEST", "latest"), ("VERSIONS", lambda a: len(a["versions"])),
-        ("TAGS", lambda a: ", ".join(f"{t}:{v}" for t, v in sorted(a["tags"].items())) or "-"),
-        ("SHARED WITH", lambda a: ", ".join(a["shared_with"]) or "-"),
-        ("UPDATED", lambda a: out.fmt_age(a.get("updated_at"))),
-    ])  # fmt: skip
+    out.print_table(
+        arts,
+        [
+            ("NAME", lambda a: f"{a['team']}/{a['name']}"),
+            ("KIND", "kind"),
+            ("LATEST", "latest"),
+            ("VERSIONS", lambda a: len(a["versions"])),
+            ("TAGS", lambda a: ", ".join(f"{t}:{v}" for t, v in sorted(a["tags"].items())) or "-"),
+            ("SHARED WITH", lambda a: ", ".join(a["shared_with"]) or "-"),
+            ("UPDATED", lambda a: out.fmt_age(a.get("updated_at"))),
+        ],
+    )
 
 
 VERSION_COLUMNS: list[out.Column] = [
-    ("VERSION", "version"), ("TAGS", lambda v: ", ".join(v["tags"]) or "-"),
-    ("FILES", "file_count"), ("SIZE", lambda v: out.fmt_bytes(v["size"])),
-    ("JOB", "producer_job"), ("BY", "created_by"), ("AGE", lambda v: out.fmt_age(v["created_at"])),
-]  # fmt: skip
+    ("VERSION", "version"),
+    ("TAGS", lambda v: ", ".join(v["tags"]) or "-"),
+    ("FILES", "file_count"),
+    ("SIZE", lambda v: out.fmt_bytes(v["size"])),
+    ("JOB", "producer_job"),
+    ("BY", "created_by"),
+    ("AGE", lambda v: out.fmt_age(v["created_at"])),
+]
 
 
 def describe(
-    name: NameArg, output: OutputOpt = OutputFormat.table, url: UrlOpt = None, token: TokenOpt = None
+    name: NameArg,
+    output: OutputOpt = OutputFormat.table,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
 ) -> None:
     """An artifact and its versions, or with :VERSION one version and its files."""
     with cli_errors(), make_client(url, token) as c:
@@ -194,15 +224,32 @@ def describe(
     if output == OutputFormat.json:
         out.print_json(d)
     elif "files" in d:
-        out.print_kv([("Artifact", d["ref"]), ("Kind", d["kind"]), ("Tags", ", ".join(d["tags"])),
-                      ("Size", out.fmt_bytes(d["size"])), ("Producer job", d["producer_job"]),
-                      ("Created by", d["created_by"]), ("Created", out.fmt_time(d["created_at"])),
-                      ("Manifest", d["manifest_sha256"]), ("Metadata", d["metadata"] or "-")])  # fmt: skip
-        out.print_table(d["files"], [("PATH", "path"), ("SIZE", lambda f: out.fmt_bytes(f["size"])),
-                                     ("SHA256", "sha256")])  # fmt: skip
+        out.print_kv(
+            [
+                ("Artifact", d["ref"]),
+                ("Kind", d["kind"]),
+                ("Tags", ", ".join(d["tags"])),
+                ("Size", out.fmt_bytes(d["size"])),
+                ("Producer job", d["producer_job"]),
+                ("Created by", d["created_by"]),
+                ("Created", out.fmt_time(d["created_at"])),
+                ("Manifest", d["manifest_sha256"]),
+                ("Metadata", d["metadata"] or "-"),
+            ]
+        )
+        out.print_table(
+            d["files"],
+            [("PATH", "path"), ("SIZE", lambda f: out.fmt_bytes(f["size"])), ("SHA256", "sha256")],
+        )
     else:
-        out.print_kv([("Artifact", f"{d['team']}/{d['name']}"), ("Kind", d["kind"]),
-                      ("Latest", d["latest"]), ("Shared with", ", ".join(d["shared_with"]) or "-")])  # fmt: skip
+        out.print_kv(
+            [
+                ("Artifact", f"{d['team']}/{d['name']}"),
+                ("Kind", d["kind"]),
+                ("Latest", d["latest"]),
+                ("Shared with", ", ".join(d["shared_with"]) or "-"),
+            ]
+        )
         out.print_table(d["versions"], VERSION_COLUMNS)
 
 

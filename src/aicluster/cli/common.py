@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -32,8 +32,8 @@ class OutputFormat(str, Enum):
 
 _URL_HELP = "API URL (default: AICLUSTER_URL, else the one `aicluster up` wrote)"
 _TOKEN_HELP = "API token (default: AICLUSTER_TOKEN, else admin.token)"
-UrlOpt = Annotated[Optional[str], typer.Option("--url", help=_URL_HELP)]
-TokenOpt = Annotated[Optional[str], typer.Option("--token", help=_TOKEN_HELP)]
+UrlOpt = Annotated[str | None, typer.Option("--url", help=_URL_HELP)]
+TokenOpt = Annotated[str | None, typer.Option("--token", help=_TOKEN_HELP)]
 OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="table or json")]
 
 

@@ -12,7 +12,7 @@ import json
 import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.text import Text
@@ -87,11 +87,11 @@ JOB_COLUMNS: list[out.Column] = [
 
 def jobs(
     status: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option("--status", "-s", help="only these statuses (repeat, or comma-separate)"),
     ] = None,
     all_: Annotated[bool, typer.Option("--all", help="every status (ignores --status)")] = False,
-    team: Annotated[Optional[str], typer.Option("--team", help="only this team")] = None,
+    team: Annotated[str | None, typer.Option("--team", help="only this team")] = None,
     output: OutputOpt = OutputFormat.table,
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -142,28 +142,30 @@ def describe(
                 pass
     spec = job.get("spec") or {}
     env = spec.get("env") or {}
-    out.print_kv([
-        ("ID", job.get("id")),
-        ("Name", job.get("name")),
-        ("Team", job.get("team")),
-        ("Owner", job.get("owner")),
-        ("Status", out.status_text(job.get("status"))),
-        ("Reason", job.get("reason")),
-        ("Message", job.get("message")),
-        ("Exit code", job.get("exit_code")),
-        ("Priority", job.get("priority")),
-        ("Workers", job.get("workers")),
-        ("Resources", out.resources_text(spec.get("resources") or {}) + " (per worker)"),
-        ("Command", out.command_text(spec.get("command"))),
-        ("Env", ", ".join(sorted(env)) or "-"),
-        ("Working dir", spec.get("working_dir")),
-        ("Attempt", job.get("attempt")),
-        ("Restarts", f"{job.get('restarts', 0)} of max {spec.get('max_restarts', 0)}"),
-        ("Created", out.when(job.get("created_at"))),
-        ("Started", out.when(job.get("started_at"))),
-        ("Finished", out.when(job.get("finished_at"))),
-        ("Runtime", out.runtime(job)),
-    ])  # fmt: skip
+    out.print_kv(
+        [
+            ("ID", job.get("id")),
+            ("Name", job.get("name")),
+            ("Team", job.get("team")),
+            ("Owner", job.get("owner")),
+            ("Status", out.status_text(job.get("status"))),
+            ("Reason", job.get("reason")),
+            ("Message", job.get("message")),
+            ("Exit code", job.get("exit_code")),
+            ("Priority", job.get("priority")),
+            ("Workers", job.get("workers")),
+            ("Resources", out.resources_text(spec.get("resources") or {}) + " (per worker)"),
+            ("Command", out.command_text(spec.get("command"))),
+            ("Env", ", ".join(sorted(env)) or "-"),
+            ("Working dir", spec.get("working_dir")),
+            ("Attempt", job.get("attempt")),
+            ("Restarts", f"{job.get('restarts', 0)} of max {spec.get('max_restarts', 0)}"),
+            ("Created", out.when(job.get("created_at"))),
+            ("Started", out.when(job.get("started_at"))),
+            ("Finished", out.when(job.get("finished_at"))),
+            ("Runtime", out.runtime(job)),
+        ]
+    )
     placement = job.get("placement") or []
     if placement:
         rows = [{"rank": r, "node": names.get(n, n), "node_id": n} for r, n in enumerate(placement)]
@@ -178,7 +180,7 @@ def logs(
     job_id: JobArg,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="until the job ends")] = False,
     rank: Annotated[int, typer.Option("--rank", help="worker rank", min=0)] = 0,
-    attempt: Annotated[Optional[int], typer.Option("--attempt", help="(default: latest)")] = None,
+    attempt: Annotated[int | None, typer.Option("--attempt", help="(default: latest)")] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
@@ -220,8 +222,12 @@ def _node_name(node: dict) -> str:
 NODE_COLUMNS: list[out.Column] = [
     ("NODE", _node_name),
     ("POOL", "pool"),
-    ("STATE", lambda n: Text(str(n.get("state") or "-"),
-                             style="green" if n.get("state") == "Ready" else "yellow")),
+    (
+        "STATE",
+        lambda n: Text(
+            str(n.get("state") or "-"), style="green" if n.get("state") == "Ready" else "yellow"
+        ),
+    ),
     ("REASON", lambda n: out.shorten(n.get("reason"), 40) or "-"),
     ("CPUS", lambda n: out.used_total(n, "cpus")),
     ("MEMORY", lambda n: out.used_total(n, "memory", out.fmt_bytes)),
@@ -265,7 +271,7 @@ EVENT_COLUMNS: list[out.Column] = [
 
 def events(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="print new events")] = False,
-    object_id: Annotated[Optional[str], typer.Option("--object", help="only about this id")] = None,
+    object_id: Annotated[str | None, typer.Option("--object", help="only about this id")] = None,
     output: OutputOpt = OutputFormat.table,
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -331,7 +337,7 @@ def team_list(
 
 def token_create(
     user: Annotated[str, typer.Option("--user", help="user name", show_default=False)],
-    team: Annotated[Optional[str], typer.Option("--team", help="team the user acts for")] = None,
+    team: Annotated[str | None, typer.Option("--team", help="team the user acts for")] = None,
     role: Annotated[Role, typer.Option("--role", help="admin, member or viewer")] = Role.member,
     url: UrlOpt = None,
     token: TokenOpt = None,

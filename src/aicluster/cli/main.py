@@ -5,7 +5,12 @@ from __future__ import annotations
 import typer
 
 from aicluster.cli import (
-    artifacts_cmds, jobs_cmds, nodes_cmds, plan_cmds, platform_cmds, services_cmds,
+    artifacts_cmds,
+    jobs_cmds,
+    nodes_cmds,
+    plan_cmds,
+    platform_cmds,
+    services_cmds,
 )
 
 app = typer.Typer(

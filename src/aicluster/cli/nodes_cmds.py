@@ -16,8 +16,10 @@ NodeArg = Annotated[str, typer.Argument(help="node id (a unique prefix will do) 
 def _act(node: str, action: str, url, token, grace_s: float | None = None) -> None:
     with cli_errors(), make_client(url, token) as c:
         rec = node_action(c, node, action, grace_s)
-    out.console().print(f"node {rec['node_id'][:12]} is {rec['state']}"
-                        + (f" ({rec['reason']})" if rec.get("reason") else ""))  # fmt: skip
+    out.console().print(
+        f"node {rec['node_id'][:12]} is {rec['state']}"
+        + (f" ({rec['reason']})" if rec.get("reason") else "")
+    )
 
 
 def cordon(node: NodeArg, url: UrlOpt = None, token: TokenOpt = None) -> None:
@@ -27,7 +29,9 @@ def cordon(node: NodeArg, url: UrlOpt = None, token: TokenOpt = None) -> None:
 
 def drain(
     node: NodeArg,
-    grace: Annotated[float, typer.Option("--grace", help="seconds running jobs may finish in")] = 300.0,
+    grace: Annotated[
+        float, typer.Option("--grace", help="seconds running jobs may finish in")
+    ] = 300.0,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:

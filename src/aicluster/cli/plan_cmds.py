@@ -54,14 +54,8 @@ def _errors() -> Iterator[None]:
         out.print_error(str(err))
         raise typer.Exit(2) from None
     except ApiError as err:
-        hint = (
-            "\n  (pass --token or set AICLUSTER_TOKEN)"
-            if err.status_code == 401
-            else ""
-        )
-        out.print_error(
-            f"error: cannot read the cluster inventory: {err.message}{hint}"
-        )
+        hint = "\n  (pass --token or set AICLUSTER_TOKEN)" if err.status_code == 401 else ""
+        out.print_error(f"error: cannot read the cluster inventory: {err.message}{hint}")
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
@@ -92,9 +86,7 @@ def load_plan(path: Path) -> tuple[PlanSpec, object]:
 def _print_rows(title: str, rows: list[dict]) -> None:
     if not rows:
         return
-    table = Table(
-        title=title, title_justify="left", header_style="bold", box=None, pad_edge=False
-    )
+    table = Table(title=title, title_justify="left", header_style="bold", box=None, pad_edge=False)
     for head in rows[0]:
         table.add_column(head, overflow="fold")
     for row in rows:
@@ -116,13 +108,9 @@ def print_plan(d: dict) -> None:
     for p in d["pitfalls"] or [
         {"severity": "info", "code": "none", "workload": None, "message": "none found"}
     ]:
-        line = Text(
-            f"  {p['severity']:<7} ", style=SEVERITY_STYLE.get(p["severity"], "")
-        )
+        line = Text(f"  {p['severity']:<7} ", style=SEVERITY_STYLE.get(p["severity"], ""))
         line.append(
-            f"{p['code']}"
-            + (f" ({p['workload']})" if p["workload"] else "")
-            + f": {p['message']}"
+            f"{p['code']}" + (f" ({p['workload']})" if p["workload"] else "") + f": {p['message']}"
         )
         con.print(line)
 
@@ -138,26 +126,37 @@ def print_cluster_fit(fit: dict) -> None:
     )
     rows = []
     for s in fit["serve"]:
-        where = (
-            ", ".join(f"{p['node']}x{p['replicas']}" for p in s.get("placement", []))
-            or "-"
+        where = ", ".join(f"{p['node']}x{p['replicas']}" for p in s.get("placement", [])) or "-"
+        rows.append(
+            {
+                "workload": s["name"],
+                "fits": "yes" if s["fits"] else "no",
+                "gpu": s.get("gpu", "-"),
+                "tp": str(s.get("tensor_parallel", "-")),
+                "replicas": f"{s.get('replicas_placed', 0)}/{s.get('replicas_needed', '-')}",
+                "where": where,
+                "why not": s.get("reason") or "",
+            }
         )
-        rows.append({"workload": s["name"], "fits": "yes" if s["fits"] else "no", "gpu": s.get("gpu", "-"),
-                     "tp": str(s.get("tensor_parallel", "-")), "replicas": f"{s.get('replicas_placed', 0)}/{s.get('replicas_needed', '-')}",
-                     "where": where, "why not": s.get("reason") or ""})  # fmt: skip
     for t in fit["train"]:
-        rows.append({"workload": t["name"], "fits": "yes" if t["fits"] else "no", "gpu": t.get("gpu", "-"),
-                     "tp": t.get("strategy") or "-", "replicas": f"{t.get('gpus', '-')} GPUs",
-                     "where": rep.duration(t["days"] * 86400) if "days" in t else "-", "why not": t.get("reason") or ""})  # fmt: skip
+        rows.append(
+            {
+                "workload": t["name"],
+                "fits": "yes" if t["fits"] else "no",
+                "gpu": t.get("gpu", "-"),
+                "tp": t.get("strategy") or "-",
+                "replicas": f"{t.get('gpus', '-')} GPUs",
+                "where": rep.duration(t["days"] * 86400) if "days" in t else "-",
+                "why not": t.get("reason") or "",
+            }
+        )
     _print_rows("", rows)
     for note in fit["notes"]:
         con.print(Text(f"  note: {note}", style="dim"))
 
 
 def plan(
-    file: Annotated[
-        Path, typer.Argument(help="plan spec (YAML, kind: plan)", show_default=False)
-    ],
+    file: Annotated[Path, typer.Argument(help="plan spec (YAML, kind: plan)", show_default=False)],
     output: Annotated[
         PlanOutput, typer.Option("--output", "-o", help="table, json, markdown or html")
     ] = PlanOutput.table,
@@ -167,16 +166,10 @@ def plan(
     ] = None,
     cluster: Annotated[
         bool,
-        typer.Option(
-            "--cluster", help="also fit the workloads into the running cluster"
-        ),
+        typer.Option("--cluster", help="also fit the workloads into the running cluster"),
     ] = False,
-    url: Annotated[
-        str | None, typer.Option("--url", help="API URL (with --cluster)")
-    ] = None,
-    token: Annotated[
-        str | None, typer.Option("--token", help="API token (with --cluster)")
-    ] = None,
+    url: Annotated[str | None, typer.Option("--url", help="API URL (with --cluster)")] = None,
+    token: Annotated[str | None, typer.Option("--token", help="API token (with --cluster)")] = None,
 ) -> None:
     """Size a cluster: memory, parallelism, replicas, network, storage, power, cost."""
     with _errors():

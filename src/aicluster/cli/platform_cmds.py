@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import httpx
 import psutil
@@ -49,8 +49,10 @@ def _node_labels(pool: str, labels: list[str] | None) -> dict[str, str]:
     for item in labels or []:
         key, sep, value = item.partition("=")
         if not sep or not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
-            err.print(f"[red]--label must look like key=value (letters, digits, '.', '_', '-'; "
-                      f"a value of at most 63), got {item[:80]!r}[/red]")  # fmt: skip
+            err.print(
+                f"[red]--label must look like key=value (letters, digits, '.', '_', '-'; "
+                f"a value of at most 63), got {item[:80]!r}[/red]"
+            )
             raise typer.Exit(2)
         result[key] = value
     return result
@@ -74,21 +76,38 @@ def _pid_alive(pid: int | None) -> bool:
     return bool(pid) and psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
 
 
-def _start_control_plane(home: Path, ray_address: str, host: str, port: int,
-                         policy: str = "fair", shared: list[str] = ()) -> str:  # fmt: skip
+def _start_control_plane(
+    home: Path, ray_address: str, host: str, port: int, policy: str = "fair", shared: list[str] = ()
+) -> str:
     url = f"http://{host}:{port}"
     env = dict(os.environ)
     env.update(ray_env(home, ray_address.startswith("127.")))
-    cmd = [sys.executable, "-m", "aicluster.api.server", "--home", str(home),
-           "--ray-address", ray_address, "--host", host, "--port", str(port),
-           "--policy", policy]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "aicluster.api.server",
+        "--home",
+        str(home),
+        "--ray-address",
+        ray_address,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--policy",
+        policy,
+    ]
     for path in shared:
         cmd += ["--shared-path", path]
     log = open(home / "controlplane.log", "ab")
     proc = subprocess.Popen(
-        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        cmd,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
         start_new_session=True,
-    )  # fmt: skip
+    )
     deadline = time.time() + 120
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -103,18 +122,24 @@ def _start_control_plane(home: Path, ray_address: str, host: str, port: int,
 
 
 def up(
-    head: Annotated[bool, typer.Option("--head", help="accept other machines (aicluster join)")] = False,
-    address: Annotated[str, typer.Option(help="IP Ray binds to; other machines need a routable one")] = "127.0.0.1",
+    head: Annotated[
+        bool, typer.Option("--head", help="accept other machines (aicluster join)")
+    ] = False,
+    address: Annotated[
+        str, typer.Option(help="IP Ray binds to; other machines need a routable one")
+    ] = "127.0.0.1",
     ray_port: Annotated[int, typer.Option(help="Ray head port (0: any free port)")] = 0,
     api_host: Annotated[str, typer.Option(help="API bind address")] = "127.0.0.1",
     api_port: Annotated[int, typer.Option(help="API port")] = 8765,
-    num_cpus: Annotated[Optional[int], typer.Option(help="CPUs this node offers")] = None,
-    num_gpus: Annotated[Optional[int], typer.Option(help="GPUs this node offers")] = None,
+    num_cpus: Annotated[int | None, typer.Option(help="CPUs this node offers")] = None,
+    num_gpus: Annotated[int | None, typer.Option(help="GPUs this node offers")] = None,
     pool: Annotated[str, typer.Option(help="pool of this node")] = "default",
-    label: Annotated[Optional[list[str]], typer.Option(help="node label key=value")] = None,
+    label: Annotated[list[str] | None, typer.Option(help="node label key=value")] = None,
     policy: Annotated[str, typer.Option(help="scheduling policy: fair, fifo or backfill")] = "fair",
-    shared_path: Annotated[Optional[list[str]], typer.Option(
-        help="a folder every job may read and write (shared storage); repeatable")] = None,
+    shared_path: Annotated[
+        list[str] | None,
+        typer.Option(help="a folder every job may read and write (shared storage); repeatable"),
+    ] = None,
 ) -> None:
     """Start Ray and the control plane on this machine (state in AICLUSTER_HOME)."""
     if policy not in ("fair", "fifo", "backfill"):
@@ -136,22 +161,36 @@ def up(
     if not ray_address or not _ray_alive(home):
         try:
             ray_address = start_head(
-                home, node_ip=address, port=ray_port, num_cpus=num_cpus, num_gpus=num_gpus,
+                home,
+                node_ip=address,
+                port=ray_port,
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
                 labels=labels,
-            )  # fmt: skip
+            )
         except RayStartError as exc:
             err.print(f"[red]{exc}[/red]")
             raise typer.Exit(1) from None
-        _write_json(home / "platform.json", {"role": "head", "ray_address": ray_address, "head": head})
+        _write_json(
+            home / "platform.json", {"role": "head", "ray_address": ray_address, "head": head}
+        )
     for path in shared_path or []:
         if not Path(path).is_dir():
             err.print(f"[red]--shared-path {path}: not a folder[/red]")
             raise typer.Exit(2)
-    url = _start_control_plane(home, ray_address, api_host, api_port, policy,
-                               [str(Path(p).resolve()) for p in shared_path or []])
+    url = _start_control_plane(
+        home,
+        ray_address,
+        api_host,
+        api_port,
+        policy,
+        [str(Path(p).resolve()) for p in shared_path or []],
+    )
     _write_json(home / "client.json", {"url": url})
     out.print(f"aicluster is up.\n  API:         {url}  (OpenAPI docs at {url}/docs)")
-    out.print(f"  admin token: {home / 'admin.token'}  (export AICLUSTER_TOKEN=$(cat {home / 'admin.token'}))")
+    out.print(
+        f"  admin token: {home / 'admin.token'}  (export AICLUSTER_TOKEN=$(cat {home / 'admin.token'}))"
+    )
     out.print(f"  Ray head:    {ray_address}")
     from aicluster.runtime.sandbox import SANDBOX_WARNING, node_can_sandbox
 
@@ -203,23 +242,26 @@ def down() -> None:
 def join(
     head_address: Annotated[str, typer.Argument(help="the head's Ray address, host:port")],
     pool: Annotated[str, typer.Option(help="pool of this node")] = "default",
-    label: Annotated[Optional[list[str]], typer.Option(help="node label key=value")] = None,
+    label: Annotated[list[str] | None, typer.Option(help="node label key=value")] = None,
     address: Annotated[str, typer.Option(help="IP this node's Ray binds to")] = "127.0.0.1",
-    num_cpus: Annotated[Optional[int], typer.Option(help="CPUs this node offers")] = None,
-    num_gpus: Annotated[Optional[int], typer.Option(help="GPUs this node offers")] = None,
-    gpu_model: Annotated[Optional[str], typer.Option(help="GPU model, e.g. H100")] = None,
+    num_cpus: Annotated[int | None, typer.Option(help="CPUs this node offers")] = None,
+    num_gpus: Annotated[int | None, typer.Option(help="GPUs this node offers")] = None,
+    gpu_model: Annotated[str | None, typer.Option(help="GPU model, e.g. H100")] = None,
     ray_token_file: Annotated[
-        Optional[Path], typer.Option(help="the head's Ray token file (copy it from the head)")
+        Path | None, typer.Option(help="the head's Ray token file (copy it from the head)")
     ] = None,
 ) -> None:
     """Add this machine to a cluster as a worker node."""
     from aicluster.engine.protocol import GPU_MODEL_LABEL
-    from aicluster.engine.raynode import RayStartError, join as ray_join
+    from aicluster.engine.raynode import RayStartError
+    from aicluster.engine.raynode import join as ray_join
 
     labels = _node_labels(pool, label)  # checked before anything is written
     if gpu_model:
         if not _LABEL_VALUE.fullmatch(gpu_model):
-            err.print(f"[red]--gpu-model must be letters, digits, '.', '_', '-', got {gpu_model[:80]!r}[/red]")
+            err.print(
+                f"[red]--gpu-model must be letters, digits, '.', '_', '-', got {gpu_model[:80]!r}[/red]"
+            )
             raise typer.Exit(2)
         labels[GPU_MODEL_LABEL] = gpu_model
     home = home_dir()
@@ -239,8 +281,9 @@ def join(
         err.print("[red]--ray-token-file is required: the head's Ray token file[/red]")
         raise typer.Exit(2)
     try:
-        ray_join(home, head_address, node_ip=address, num_cpus=num_cpus, num_gpus=num_gpus,
-                 labels=labels)  # fmt: skip
+        ray_join(
+            home, head_address, node_ip=address, num_cpus=num_cpus, num_gpus=num_gpus, labels=labels
+        )
     except RayStartError as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(1) from None
@@ -254,7 +297,9 @@ def info() -> None:
     cp = _read_json(home / "controlplane.json")
     url = cp.get("url")
     if not url or not _healthy(url):
-        err.print(f"aicluster is not running for AICLUSTER_HOME={home} (start it with: aicluster up)")
+        err.print(
+            f"aicluster is not running for AICLUSTER_HOME={home} (start it with: aicluster up)"
+        )
         raise typer.Exit(1)
     token = home / "admin.token"
     out.print(f"API:          {url}   (OpenAPI: {url}/docs)")

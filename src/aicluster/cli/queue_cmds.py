@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -10,33 +10,49 @@ from aicluster.cli import output as out
 from aicluster.cli.common import OutputFormat, OutputOpt, TokenOpt, UrlOpt, cli_errors, make_client
 
 
-def queue(output: OutputOpt = OutputFormat.table, url: UrlOpt = None,
-          token: TokenOpt = None) -> None:  # fmt: skip
+def queue(
+    output: OutputOpt = OutputFormat.table, url: UrlOpt = None, token: TokenOpt = None
+) -> None:
     """Pending workloads in the order the scheduler considers them, and why each waits."""
     with cli_errors(), make_client(url, token) as c:
         rows = c.queue()
     if output == OutputFormat.json:
         out.print_json(rows)
         return
-    out.print_table(rows, [
-        ("#", "position"), ("WORKLOAD", "workload"), ("TEAM", "team"), ("WORKERS", "workers"),
-        ("PRIORITY", "priority"), ("AGE", lambda r: out.fmt_age(r["submitted_at"])),
-        ("WAITING BECAUSE", lambda r: out.shorten(r["reason"], 90)),
-    ])  # fmt: skip
+    out.print_table(
+        rows,
+        [
+            ("#", "position"),
+            ("WORKLOAD", "workload"),
+            ("TEAM", "team"),
+            ("WORKERS", "workers"),
+            ("PRIORITY", "priority"),
+            ("AGE", lambda r: out.fmt_age(r["submitted_at"])),
+            ("WAITING BECAUSE", lambda r: out.shorten(r["reason"], 90)),
+        ],
+    )
 
 
 def set_quota(
     team: Annotated[str, typer.Argument(help="team")],
     pool: Annotated[str, typer.Option("--pool", help="pool the quota is for")] = "default",
     gpus: Annotated[int, typer.Option("--gpus", min=0, help="guaranteed GPUs")] = 0,
-    borrow: Annotated[Optional[int], typer.Option("--borrow", min=0,
-                      help="most GPUs it may borrow beyond --gpus (default: no limit)")] = None,
-    lend: Annotated[Optional[int], typer.Option("--lend", min=0,
-                    help="most unused guaranteed GPUs others may borrow (default: all)")] = None,
+    borrow: Annotated[
+        int | None,
+        typer.Option(
+            "--borrow", min=0, help="most GPUs it may borrow beyond --gpus (default: no limit)"
+        ),
+    ] = None,
+    lend: Annotated[
+        int | None,
+        typer.Option(
+            "--lend", min=0, help="most unused guaranteed GPUs others may borrow (default: all)"
+        ),
+    ] = None,
     weight: Annotated[float, typer.Option("--weight", min=0.0, help="fair-share weight")] = 1.0,
     url: UrlOpt = None,
     token: TokenOpt = None,
-) -> None:  # fmt: skip
+) -> None:
     """Set a team's quota in a pool (admins)."""
     body = {"gpus": gpus, "borrow_gpus": borrow, "lend_gpus": lend, "weight": weight}
     with cli_errors(), make_client(url, token) as c:
@@ -48,16 +64,26 @@ def set_quota(
     )
 
 
-def quotas(output: OutputOpt = OutputFormat.table, url: UrlOpt = None,
-           token: TokenOpt = None) -> None:  # fmt: skip
+def quotas(
+    output: OutputOpt = OutputFormat.table, url: UrlOpt = None, token: TokenOpt = None
+) -> None:
     """List team quotas."""
     with cli_errors(), make_client(url, token) as c:
         rows = c.quotas()
     if output == OutputFormat.json:
         out.print_json(rows)
         return
-    out.print_table(rows, [("TEAM", "team"), ("POOL", "pool"), ("GPUS", "gpus"),
-                           ("BORROW", "borrow_gpus"), ("LEND", "lend_gpus"), ("WEIGHT", "weight")])  # fmt: skip
+    out.print_table(
+        rows,
+        [
+            ("TEAM", "team"),
+            ("POOL", "pool"),
+            ("GPUS", "gpus"),
+            ("BORROW", "borrow_gpus"),
+            ("LEND", "lend_gpus"),
+            ("WEIGHT", "weight"),
+        ],
+    )
 
 
 def register(app: typer.Typer, teams_app: typer.Typer | None = None) -> None:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from aicluster.cli import output as out
 from aicluster.cli.common import OutputFormat, OutputOpt, TokenOpt, UrlOpt, cli_errors, make_client
 
-TeamOpt = Annotated[Optional[str], typer.Option("--team", help="team of the service (admins)")]
+TeamOpt = Annotated[str | None, typer.Option("--team", help="team of the service (admins)")]
 
 
 def deploy(
@@ -21,46 +21,70 @@ def deploy(
     """Deploy a service; its replicas start as the scheduler places them."""
     with cli_errors(), make_client(url, token) as c:
         svc = c.deploy_file(file)
-    out.console().print(f"deployed {svc['team']}/{svc['name']} ({svc['engine']}, "
-                        f"{svc['replicas_min']}..{svc['replicas_max']} replicas)")  # fmt: skip
+    out.console().print(
+        f"deployed {svc['team']}/{svc['name']} ({svc['engine']}, "
+        f"{svc['replicas_min']}..{svc['replicas_max']} replicas)"
+    )
 
 
-def services(output: OutputOpt = OutputFormat.table, url: UrlOpt = None,
-             token: TokenOpt = None) -> None:  # fmt: skip
+def services(
+    output: OutputOpt = OutputFormat.table, url: UrlOpt = None, token: TokenOpt = None
+) -> None:
     """List services with their ready replicas and load."""
     with cli_errors(), make_client(url, token) as c:
         rows = c.services()
     if output == OutputFormat.json:
         out.print_json(rows)
         return
-    out.print_table(rows, [
-        ("NAME", "name"), ("TEAM", "team"), ("ENGINE", "engine"), ("MODEL", "model"),
-        ("READY", lambda s: f"{s['ready']}/{len(s['replicas'])}"),
-        ("MIN..MAX", lambda s: f"{s['replicas_min']}..{s['replicas_max']}"),
-        ("IN FLIGHT", "ongoing_requests"),
-    ])  # fmt: skip
+    out.print_table(
+        rows,
+        [
+            ("NAME", "name"),
+            ("TEAM", "team"),
+            ("ENGINE", "engine"),
+            ("MODEL", "model"),
+            ("READY", lambda s: f"{s['ready']}/{len(s['replicas'])}"),
+            ("MIN..MAX", lambda s: f"{s['replicas_min']}..{s['replicas_max']}"),
+            ("IN FLIGHT", "ongoing_requests"),
+        ],
+    )
 
 
 def show_service(svc: dict) -> None:
-    out.print_kv([
-        ("Service", f"{svc['team']}/{svc['name']}"), ("Engine", svc["engine"]),
-        ("Model", svc["model"]), ("Replicas", f"{svc['ready']} ready, "
-                                  f"min {svc['replicas_min']}, max {svc['replicas_max']}"),
-        ("Manual count", svc["manual_replicas"]), ("In flight", svc["ongoing_requests"]),
-        ("Routing", (svc["spec"].get("routing") or {}).get("policy")),
-    ])  # fmt: skip
-    out.print_table(svc["replicas"], [
-        ("REPLICA", "id"), ("STATUS", lambda r: out.status_text(r["status"])),
-        ("NODE", lambda r: (r["node_id"] or "")[:8]), ("URL", "url"),
-        ("REASON", lambda r: out.reason_message(r)),
-    ], title="Replicas")  # fmt: skip
+    out.print_kv(
+        [
+            ("Service", f"{svc['team']}/{svc['name']}"),
+            ("Engine", svc["engine"]),
+            ("Model", svc["model"]),
+            (
+                "Replicas",
+                f"{svc['ready']} ready, min {svc['replicas_min']}, max {svc['replicas_max']}",
+            ),
+            ("Manual count", svc["manual_replicas"]),
+            ("In flight", svc["ongoing_requests"]),
+            ("Routing", (svc["spec"].get("routing") or {}).get("policy")),
+        ]
+    )
+    out.print_table(
+        svc["replicas"],
+        [
+            ("REPLICA", "id"),
+            ("STATUS", lambda r: out.status_text(r["status"])),
+            ("NODE", lambda r: (r["node_id"] or "")[:8]),
+            ("URL", "url"),
+            ("REASON", lambda r: out.reason_message(r)),
+        ],
+        title="Replicas",
+    )
 
 
 def scale(
     name: Annotated[str, typer.Argument(help="service name")],
     replicas: Annotated[int, typer.Argument(help="replica count (0..max)")],
-    team: TeamOpt = None, url: UrlOpt = None, token: TokenOpt = None,
-) -> None:  # fmt: skip
+    team: TeamOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
     """Pin a service's replica count (overrides autoscaling)."""
     with cli_errors(), make_client(url, token) as c:
         svc = c.scale(name, replicas, team)
@@ -69,8 +93,10 @@ def scale(
 
 def delete(
     name: Annotated[str, typer.Argument(help="service name")],
-    team: TeamOpt = None, url: UrlOpt = None, token: TokenOpt = None,
-) -> None:  # fmt: skip
+    team: TeamOpt = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
     """Delete a service and stop its replicas."""
     with cli_errors(), make_client(url, token) as c:
         svc = c.delete_service(name, team)

@@ -24,5 +24,11 @@ from aicluster.client.api import (
 )
 
 __all__ = [
-    "TERMINAL", "ApiError", "Client", "WorkdirError", "error_from", "node_action", "pack_workdir",
-]  # fmt: skip
+    "TERMINAL",
+    "ApiError",
+    "Client",
+    "WorkdirError",
+    "error_from",
+    "node_action",
+    "pack_workdir",
+]

@@ -128,30 +128,32 @@ def pack_workdir(folder: str | Path, limit: int = MAX_WORKDIR_BYTES) -> bytes:
     if not root.is_dir():
         raise WorkdirError(f"not a folder: {folder}")
     buf = io.BytesIO()
-    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
-        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for path in _iter_members(root):
-                arcname = path.relative_to(root).as_posix()
-                if path.is_symlink():
-                    target = (path.parent / os.readlink(path)).resolve()
-                    if target != root and root not in target.parents:
-                        continue
-                    info = tarfile.TarInfo(arcname)
-                    info.type = tarfile.SYMTYPE
-                    info.linkname = os.path.relpath(target, path.parent.resolve())
-                    info.mtime = int(path.lstat().st_mtime)
-                    tar.addfile(_normalize(info))
+    with (
+        gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        for path in _iter_members(root):
+            arcname = path.relative_to(root).as_posix()
+            if path.is_symlink():
+                target = (path.parent / os.readlink(path)).resolve()
+                if target != root and root not in target.parents:
                     continue
-                info = tar.gettarinfo(str(path), arcname)
-                if info is None or not (info.isfile() or info.isdir()):
-                    continue
-                if info.isfile():
-                    with open(path, "rb") as f:
-                        tar.addfile(_normalize(info), f)
-                else:
-                    tar.addfile(_normalize(info))
-                if buf.tell() > limit:
-                    raise WorkdirError(f"{folder} is larger than {limit >> 20} MiB compressed")
+                info = tarfile.TarInfo(arcname)
+                info.type = tarfile.SYMTYPE
+                info.linkname = os.path.relpath(target, path.parent.resolve())
+                info.mtime = int(path.lstat().st_mtime)
+                tar.addfile(_normalize(info))
+                continue
+            info = tar.gettarinfo(str(path), arcname)
+            if info is None or not (info.isfile() or info.isdir()):
+                continue
+            if info.isfile():
+                with open(path, "rb") as f:
+                    tar.addfile(_normalize(info), f)
+            else:
+                tar.addfile(_normalize(info))
+            if buf.tell() > limit:
+                raise WorkdirError(f"{folder} is larger than {limit >> 20} MiB compressed")
     data = buf.getvalue()
     if len(data) > limit:
         raise WorkdirError(f"{folder} is larger than {limit >> 20} MiB compressed")
@@ -421,8 +423,9 @@ class Client:
         return self.request_json("GET", f"/v1/services/{name}", params=_team(team))
 
     def scale(self, name: str, replicas: int, team: str | None = None) -> dict:
-        return self.request_json("POST", f"/v1/services/{name}/scale", params=_team(team),
-                                 json={"replicas": replicas})  # fmt: skip
+        return self.request_json(
+            "POST", f"/v1/services/{name}/scale", params=_team(team), json={"replicas": replicas}
+        )
 
     def delete_service(self, name: str, team: str | None = None) -> dict:
         return self.request_json("DELETE", f"/v1/services/{name}", params=_team(team))

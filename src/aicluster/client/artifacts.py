@@ -51,11 +51,17 @@ def _base(ref: ArtifactRef) -> str:
 
 
 def push(
-    client: Client, path: str | Path, name: str, kind: str = "model", *,
-    metadata: dict | None = None, producer_job: str | None = None,
-    progress: Progress | None = None, hashing: Progress | None = None,
+    client: Client,
+    path: str | Path,
+    name: str,
+    kind: str = "model",
+    *,
+    metadata: dict | None = None,
+    producer_job: str | None = None,
+    progress: Progress | None = None,
+    hashing: Progress | None = None,
     on_plan: Callable[[int, int], None] | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """Upload a folder (or one file) as a new version of `name`; returns the version.
 
     `hashing(n)` and `progress(n)` receive byte counts while hashing and uploading;
@@ -67,9 +73,12 @@ def push(
         raise ApiError(400, f"PATH: {exc}") from None
     where = {e.sha256: (p, e.size) for e, p in scanned}
     body = {
-        "name": name, "kind": kind, "files": [e.__dict__ for e, _ in scanned],
-        "metadata": metadata or {}, "producer_job": producer_job,
-    }  # fmt: skip
+        "name": name,
+        "kind": kind,
+        "files": [e.__dict__ for e, _ in scanned],
+        "metadata": metadata or {},
+        "producer_job": producer_job,
+    }
     up = client.request_json("POST", "/v1/artifacts/uploads", json=body)
     missing = up["missing"]
     if on_plan:
@@ -99,10 +108,12 @@ def put_blob(
 
     size = Path(path).stat().st_size
     return client.request_json(
-        "PUT", f"/v1/artifacts/uploads/{upload_id}/blobs/{digest}", content=chunks(),
+        "PUT",
+        f"/v1/artifacts/uploads/{upload_id}/blobs/{digest}",
+        content=chunks(),
         headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"},
         timeout=TRANSFER_TIMEOUT,
-    )  # fmt: skip
+    )
 
 
 # --- pull -----------------------------------------------------------------------------
@@ -111,10 +122,16 @@ def put_blob(
 def manifest_of(version: dict) -> Manifest:
     files = tuple(FileEntry(f["path"], f["size"], f["sha256"]) for f in version["files"])
     return Manifest(
-        version["team"], version["name"], version["kind"], version["version"], files,
-        version.get("metadata") or {}, version.get("producer_job"),
-        version.get("created_at") or 0.0, version.get("created_by"),
-    )  # fmt: skip
+        version["team"],
+        version["name"],
+        version["kind"],
+        version["version"],
+        files,
+        version.get("metadata") or {},
+        version.get("producer_job"),
+        version.get("created_at") or 0.0,
+        version.get("created_by"),
+    )
 
 
 def blob_fetcher(client: Client, version: dict) -> Callable[[str], Iterator[bytes]]:
@@ -135,9 +152,14 @@ def blob_fetcher(client: Client, version: dict) -> Callable[[str], Iterator[byte
 
 
 def pull(
-    client: Client, name: str, dest: str | Path, *, cache=None,
-    progress: Progress | None = None, on_plan: Callable[[int, int], None] | None = None,
-) -> tuple[dict, Path]:  # fmt: skip
+    client: Client,
+    name: str,
+    dest: str | Path,
+    *,
+    cache=None,
+    progress: Progress | None = None,
+    on_plan: Callable[[int, int], None] | None = None,
+) -> tuple[dict, Path]:
     """Download a version into the new folder `dest`; returns (version, path).
 
     With `cache` (a runtime.cache.BlobCache), `dest` is a read-only folder of links

@@ -27,7 +27,6 @@ from aicluster.store.artifacts import ArtifactRecord, ArtifactStore, VersionReco
 from aicluster.store.artifacts.index import UploadRecord
 from aicluster.store.db import Principal
 
-
 MAX_METADATA_BYTES = 64 << 10
 MAX_JOB_ID = 80
 
@@ -61,7 +60,9 @@ class ArtifactService:
 
     def _check_write(self, who: Principal, ref: ArtifactRef, what: str) -> None:
         if not who.may_write_artifact(ref.team, ref.name):
-            raise ForbiddenError(f"a job's token may {what} only its own checkpoints, not {ref.full_name}")
+            raise ForbiddenError(
+                f"a job's token may {what} only its own checkpoints, not {ref.full_name}"
+            )
         if who.is_admin:
             return
         if not self._can_read(who, ref.team, ref.name):
@@ -82,12 +83,19 @@ class ArtifactService:
     # -- uploads ------------------------------------------------------------------------
 
     def begin_upload(
-        self, who: Principal, name: str, kind: str, files: list[dict], metadata: dict | None,
+        self,
+        who: Principal,
+        name: str,
+        kind: str,
+        files: list[dict],
+        metadata: dict | None,
         producer_job: str | None,
-    ) -> tuple[UploadRecord, list[str]]:  # fmt: skip
+    ) -> tuple[UploadRecord, list[str]]:
         ref = self.ref(who, name)
         if not who.may_write_artifact(ref.team, ref.name):
-            raise ForbiddenError(f"a job's token may push only its own checkpoints, not {ref.full_name}")
+            raise ForbiddenError(
+                f"a job's token may push only its own checkpoints, not {ref.full_name}"
+            )
         if who.role == "viewer":
             raise ForbiddenError("viewers cannot push artifacts")
         if not who.is_admin and ref.team != who.team:
@@ -97,9 +105,14 @@ class ArtifactService:
             self._check_producer_job(ref.team, producer_job)
         try:
             return self.artifacts.begin_upload(
-                ref, kind, files, metadata=metadata, producer_job=producer_job,
-                created_by=who.user, require_proof=True,
-            )  # fmt: skip
+                ref,
+                kind,
+                files,
+                metadata=metadata,
+                producer_job=producer_job,
+                created_by=who.user,
+                require_proof=True,
+            )
         except (RefError, ManifestError, TypeError) as exc:
             raise BadRequest(str(exc)) from None
 
@@ -123,9 +136,7 @@ class ArtifactService:
             raise BadRequest(f"producer_job: a job id of at most {MAX_JOB_ID} characters")
         owner = self.job_team(job_id) if self.job_team is not None else None
         if owner != team:
-            raise BadRequest(
-                f"producer_job {job_id[:MAX_JOB_ID]!r}: team {team!r} has no such job"
-            )
+            raise BadRequest(f"producer_job {job_id[:MAX_JOB_ID]!r}: team {team!r} has no such job")
 
     def missing(self, who: Principal, upload_id: str) -> list[str]:
         self._upload_for(who, upload_id)
@@ -215,7 +226,9 @@ class ArtifactService:
         self._check_write(who, ref, "delete")
         return self.artifacts.delete_version(ref)
 
-    def share(self, who: Principal, name: str, teams: Iterable[str], shared: bool) -> ArtifactRecord:
+    def share(
+        self, who: Principal, name: str, teams: Iterable[str], shared: bool
+    ) -> ArtifactRecord:
         ref = self.ref(who, name)
         self._check_write(who, ref, "share")
         for team in teams:

@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
 from aicluster.control.logs import LogStore
 from aicluster.control.snapshot import artifact_keys, build_snapshot, job_workload
-from aicluster.core.scheduler import DEFAULT_POLICY, get_policy, plan_cycle
 from aicluster.core.lifecycle import JobStatus, Reason, failure_is_retryable
 from aicluster.core.model import Admit, Preempt, Wait
 from aicluster.core.nodestate import NodeState
+from aicluster.core.scheduler import DEFAULT_POLICY, get_policy, plan_cycle
 from aicluster.engine.protocol import Engine, LaunchError, LaunchRequest, NodeInfo
 from aicluster.spec.job import JobSpec
 from aicluster.store.db import JobRecord, Store
@@ -41,11 +41,22 @@ NODE_DEATH_GRACE_S = 30.0
 
 class Controller:
     def __init__(
-        self, store: Store, engine: Engine, logs: LogStore, workdirs: Path, home: Path,
-        clock=time.time, launch_threads: int = 4, notify=lambda: None, metrics=None,
-        node_loop=None, policy: str = DEFAULT_POLICY, quotas=None, artifacts=None,
+        self,
+        store: Store,
+        engine: Engine,
+        logs: LogStore,
+        workdirs: Path,
+        home: Path,
+        clock=time.time,
+        launch_threads: int = 4,
+        notify=lambda: None,
+        metrics=None,
+        node_loop=None,
+        policy: str = DEFAULT_POLICY,
+        quotas=None,
+        artifacts=None,
         api_url: str | None = None,
-    ):  # fmt: skip
+    ):
         self.store, self.engine, self.logs = store, engine, logs
         self.notify = notify
         self.metrics = metrics  # control.metrics.Metrics, or None
@@ -91,12 +102,12 @@ class Controller:
         for source in self.sources:
             try:
                 source.reconcile(self.nodes, self.alive or set(), draining)
-            except Exception:  # noqa: BLE001 - one bad source must not stop the loop
+            except Exception:
                 log.exception("reconciling %s", type(source).__name__)
         for job in self.store.list_jobs(statuses=ACTIVE):
             try:
                 self._reconcile(job)
-            except Exception:  # noqa: BLE001 - one bad job must not stop the loop
+            except Exception:
                 log.exception("reconciling %s", job.id)
         self._admit()
         if draining:
@@ -135,9 +146,13 @@ class Controller:
             self.engine.stop(job.id, job.attempt, len(job.placement or []))
             self.pull_logs(job)
             self.store.transition(
-                job.id, job.status, JobStatus.PENDING, Reason.REQUEUED,
-                f"{Reason.NODE_DRAINED}: node {sorted(on)[0][:8]} drained", placement=None,
-            )  # fmt: skip
+                job.id,
+                job.status,
+                JobStatus.PENDING,
+                Reason.REQUEUED,
+                f"{Reason.NODE_DRAINED}: node {sorted(on)[0][:8]} drained",
+                placement=None,
+            )
         for source in self.sources:
             busy |= {v.placement[0] for v in source.active_workloads() if v.placement}
         for node_id in draining - busy:
@@ -170,23 +185,32 @@ class Controller:
         else:
             self.engine.stop(job.id, job.attempt, len(job.placement or []))
             self.store.transition(
-                job.id, JobStatus.ADMITTED, JobStatus.PENDING, Reason.REQUEUED,
-                "control plane restarted during launch", placement=None,
-            )  # fmt: skip
+                job.id,
+                JobStatus.ADMITTED,
+                JobStatus.PENDING,
+                Reason.REQUEUED,
+                "control plane restarted during launch",
+                placement=None,
+            )
 
     def _running(self, job: JobRecord) -> None:
         """ADMITTED -> RUNNING; after a requeue, say (and measure) how long recovery took."""
         message = None
         if job.attempt > 1:
-            requeues = [e for e in self.store.list_events(object_id=job.id)
-                        if e.reason == Reason.REQUEUED.value]  # fmt: skip
+            requeues = [
+                e
+                for e in self.store.list_events(object_id=job.id)
+                if e.reason == Reason.REQUEUED.value
+            ]
             if requeues:
                 took = self.clock() - requeues[-1].ts
                 cause = (requeues[-1].message or "").split(":", 1)[0]
                 message = f"recovered {took:.1f} s after {cause}"
                 if self.metrics is not None:
                     self.metrics.recovery_seconds.labels(cause).observe(took)
-        self.store.transition(job.id, JobStatus.ADMITTED, JobStatus.RUNNING, Reason.STARTED, message)
+        self.store.transition(
+            job.id, JobStatus.ADMITTED, JobStatus.RUNNING, Reason.STARTED, message
+        )
 
     def _reconcile_running(self, job: JobRecord) -> None:
         states = self.pull_logs(job)
@@ -199,40 +223,62 @@ class Controller:
                 return  # is its node dying? decide once Ray knows
             self.lost_since.pop(job.id, None)
             unhealthy = self._nodes_in(NodeState.DEGRADED) & set(job.placement or [])
-            reason = (Reason.NODE_LOST if dead else
-                      Reason.NODE_UNHEALTHY if unhealthy else Reason.WORKER_LOST)  # fmt: skip
-            where = f"node {dead[0][:8]} died" if dead else (
-                "its node failed health checks" if unhealthy else "worker process vanished")
+            reason = (
+                Reason.NODE_LOST
+                if dead
+                else Reason.NODE_UNHEALTHY
+                if unhealthy
+                else Reason.WORKER_LOST
+            )
+            where = (
+                f"node {dead[0][:8]} died"
+                if dead
+                else ("its node failed health checks" if unhealthy else "worker process vanished")
+            )
             self._end_attempt(job, reason, f"rank {lost[0].rank}: {where}")
         elif failed:
             first = failed[0]
             self.engine.stop(job.id, job.attempt, len(states))
             self.pull_logs(job)
             self.store.transition(
-                job.id, JobStatus.RUNNING, JobStatus.FAILED, Reason.EXIT_CODE,
+                job.id,
+                JobStatus.RUNNING,
+                JobStatus.FAILED,
+                Reason.EXIT_CODE,
                 f"rank {first.rank} exited with code {first.exit_code}",
                 exit_code=first.exit_code,
-            )  # fmt: skip
+            )
         elif states and all(s.exit_code == 0 for s in states):
             try:
                 produced = self._push_outputs(job)
             except Exception as exc:  # noqa: BLE001 - any storage failure fails the job
                 self.engine.stop(job.id, job.attempt, len(states))
-                self.store.transition(job.id, JobStatus.RUNNING, JobStatus.FAILED,
-                                      Reason.OUTPUT_FAILED, f"{type(exc).__name__}: {exc}")  # fmt: skip
+                self.store.transition(
+                    job.id,
+                    JobStatus.RUNNING,
+                    JobStatus.FAILED,
+                    Reason.OUTPUT_FAILED,
+                    f"{type(exc).__name__}: {exc}",
+                )
                 return
             self.engine.stop(job.id, job.attempt, len(states))
-            message = "all workers exited 0" + (f"; produced {', '.join(produced)}" if produced else "")
+            message = "all workers exited 0" + (
+                f"; produced {', '.join(produced)}" if produced else ""
+            )
             self.store.transition(
-                job.id, JobStatus.RUNNING, JobStatus.SUCCEEDED, Reason.COMPLETED, message,
+                job.id,
+                JobStatus.RUNNING,
+                JobStatus.SUCCEEDED,
+                Reason.COMPLETED,
+                message,
                 exit_code=0,
-            )  # fmt: skip
+            )
 
     def _push_outputs(self, job: JobRecord) -> list[str]:
         """Push rank 0's outputs as new artifact versions: the control plane opens the
         upload, rank 0's node writes the blobs storage lacks, the control plane commits."""
-        from aicluster.store.artifacts.backend import load_storage_config
         from aicluster.artifacts.names import parse_ref
+        from aicluster.store.artifacts.backend import load_storage_config
 
         outputs = job.spec.get("outputs") or []
         if not outputs:
@@ -242,8 +288,9 @@ class Controller:
         for out in outputs:
             ref = parse_ref(out["artifact"], default_team=job.team)
             files = self.engine.scan_output(job.id, job.attempt, out["path"])
-            up, missing = store.begin_upload(ref, out.get("kind", "model"), files,
-                                             producer_job=job.id, created_by=job.owner)  # fmt: skip
+            up, missing = store.begin_upload(
+                ref, out.get("kind", "model"), files, producer_job=job.id, created_by=job.owner
+            )
             self.engine.upload_output(job.id, job.attempt, out["path"], missing, storage)
             v = store.commit(up.id)
             produced.append(f"{v.team}/{v.name}:{v.version}")
@@ -281,10 +328,14 @@ class Controller:
         max_restarts = job.spec.get("max_restarts", 0)
         if failure_is_retryable(reason) and job.restarts < max_restarts:
             self.store.transition(
-                job.id, job.status, JobStatus.PENDING, Reason.REQUEUED,
+                job.id,
+                job.status,
+                JobStatus.PENDING,
+                Reason.REQUEUED,
                 f"{reason}: {message}; restart {job.restarts + 1} of {max_restarts}",
-                restarts=job.restarts + 1, placement=None,
-            )  # fmt: skip
+                restarts=job.restarts + 1,
+                placement=None,
+            )
         else:
             self.store.transition(job.id, job.status, JobStatus.FAILED, reason, message)
 
@@ -301,8 +352,9 @@ class Controller:
             return
         if self.node_loop is not None:  # an admin may have cordoned a node since the tick began
             self.node_states = self.node_loop.nodes.all()
-        blocked = self._nodes_in(NodeState.CORDONED, NodeState.DRAINING, NodeState.DEGRADED,
-                                 NodeState.DOWN)  # fmt: skip
+        blocked = self._nodes_in(
+            NodeState.CORDONED, NodeState.DRAINING, NodeState.DEGRADED, NodeState.DOWN
+        )
         quotas = tuple(self.quotas.all()) if self.quotas is not None else ()
         snapshot = build_snapshot(self.nodes, pending_views, active_views, blocked, quotas)
         by_id = {j.id: j for j in pending}
@@ -336,24 +388,37 @@ class Controller:
         self.engine.stop(job.id, job.attempt, len(job.placement or []))
         self.pull_logs(job)
         self.store.transition(
-            job.id, job.status, JobStatus.PENDING, Reason.REQUEUED,
-            f"{Reason.PREEMPTED}: {decision.reason}", placement=None,
-        )  # fmt: skip
+            job.id,
+            job.status,
+            JobStatus.PENDING,
+            Reason.REQUEUED,
+            f"{Reason.PREEMPTED}: {decision.reason}",
+            placement=None,
+        )
 
     def _launch(self, job: JobRecord, decision: Admit) -> None:
         attempt = job.attempt + 1
         rec = self.store.transition(
-            job.id, JobStatus.PENDING, JobStatus.ADMITTED, Reason.ADMITTED,
+            job.id,
+            JobStatus.PENDING,
+            JobStatus.ADMITTED,
+            Reason.ADMITTED,
             "placed on " + ", ".join(n[:8] for n in decision.placement),
-            placement=list(decision.placement), attempt=attempt,
-        )  # fmt: skip
+            placement=list(decision.placement),
+            attempt=attempt,
+        )
         if rec is None:
             return  # cancelled meanwhile
         try:
             inputs, storage = self._resolve_inputs(rec)
         except Exception as exc:  # noqa: BLE001 - deleted, unshared, storage down
-            self.store.transition(rec.id, JobStatus.ADMITTED, JobStatus.FAILED,
-                                  Reason.INPUT_UNAVAILABLE, str(exc).strip("'\""))  # fmt: skip
+            self.store.transition(
+                rec.id,
+                JobStatus.ADMITTED,
+                JobStatus.FAILED,
+                Reason.INPUT_UNAVAILABLE,
+                str(exc).strip("'\""),
+            )
             return
         try:
             req = replace(self._launch_request(rec, attempt), inputs=inputs, storage=storage)
@@ -370,26 +435,41 @@ class Controller:
         spec = JobSpec.model_validate(rec.spec)
         env = dict(spec.env)
         env.update(
-            AICLUSTER_JOB_ID=rec.id, AICLUSTER_JOB_NAME=rec.name, AICLUSTER_TEAM=rec.team,
-            AICLUSTER_ATTEMPT=str(attempt), AICLUSTER_RESTARTS=str(rec.restarts),
-        )  # fmt: skip
+            AICLUSTER_JOB_ID=rec.id,
+            AICLUSTER_JOB_NAME=rec.name,
+            AICLUSTER_TEAM=rec.team,
+            AICLUSTER_ATTEMPT=str(attempt),
+            AICLUSTER_RESTARTS=str(rec.restarts),
+        )
         if self.api_url:  # a token scoped to this attempt: its team's artifacts, its checkpoints
-            env.update(AICLUSTER_URL=self.api_url,
-                       AICLUSTER_TOKEN=self.store.create_job_token(rec.id, attempt))  # fmt: skip
+            env.update(
+                AICLUSTER_URL=self.api_url,
+                AICLUSTER_TOKEN=self.store.create_job_token(rec.id, attempt),
+            )
         workdir = (self.workdirs / rec.workdir).read_bytes() if rec.workdir else None
         return LaunchRequest(
-            job_id=rec.id, attempt=attempt, placement=tuple(rec.placement),
-            cpus=spec.resources.cpus, memory=spec.resources.memory, gpus=spec.resources.gpus,
-            command=spec.command, env=env, workdir=workdir, team=rec.team,
-        )  # fmt: skip
+            job_id=rec.id,
+            attempt=attempt,
+            placement=tuple(rec.placement),
+            cpus=spec.resources.cpus,
+            memory=spec.resources.memory,
+            gpus=spec.resources.gpus,
+            command=spec.command,
+            env=env,
+            workdir=workdir,
+            team=rec.team,
+        )
 
     def _wait(self, job: JobRecord, decision: Wait) -> None:
         limit = job.spec.get("max_pending_seconds")
         if decision.never_fits and limit and self.clock() - job.created_at > limit:
             self.store.transition(
-                job.id, JobStatus.PENDING, JobStatus.FAILED, Reason.COULD_NEVER_FIT,
+                job.id,
+                JobStatus.PENDING,
+                JobStatus.FAILED,
+                Reason.COULD_NEVER_FIT,
                 decision.reason,
-            )  # fmt: skip
+            )
         else:
             self.store.set_wait_message(job.id, decision.reason)
 
@@ -415,7 +495,9 @@ class Controller:
 class WorkloadSource(Protocol):
     """A kind of workload besides jobs that the controller schedules in the same cycle."""
 
-    def reconcile(self, nodes: list[NodeInfo], alive: set[str], draining: frozenset[str]) -> None: ...
+    def reconcile(
+        self, nodes: list[NodeInfo], alive: set[str], draining: frozenset[str]
+    ) -> None: ...
 
     def pending_workloads(self) -> list: ...
 

@@ -51,7 +51,9 @@ def _load_key(path: Path) -> bytes:
         key = path.read_bytes()
         if len(key) >= 32:
             return key
-        raise RuntimeError(f"{path}: too short; delete it and restart (replicas restart too)")
+        raise RuntimeError(
+            f"{path}: too short; delete it and restart (replicas restart too)"
+        ) from None
     key = secrets.token_bytes(32)
     with os.fdopen(fd, "wb") as f:
         f.write(key)

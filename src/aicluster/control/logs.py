@@ -35,7 +35,9 @@ class LogStore:
             return []
         return sorted(int(m[1]) for p in d.iterdir() if (m := re.fullmatch(r"a(\d+)", p.name)))
 
-    def read(self, job_id: str, attempt: int, rank: int, offset: int = 0, limit: int = 1 << 20) -> bytes:
+    def read(
+        self, job_id: str, attempt: int, rank: int, offset: int = 0, limit: int = 1 << 20
+    ) -> bytes:
         p = self.path(job_id, attempt, rank)
         if not p.exists():
             return b""

@@ -29,10 +29,14 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from aicluster.core.lifecycle import JobStatus
 
-CLUSTER_WIDE = frozenset({
-    "aicluster_nodes", "aicluster_gpus", "aicluster_scheduler_cycle_seconds",
-    "aicluster_job_recovery_seconds",
-})  # fmt: skip
+CLUSTER_WIDE = frozenset(
+    {
+        "aicluster_nodes",
+        "aicluster_gpus",
+        "aicluster_scheduler_cycle_seconds",
+        "aicluster_job_recovery_seconds",
+    }
+)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -41,27 +45,38 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.cycle_seconds = Histogram(
-            "aicluster_scheduler_cycle_seconds", "Duration of one reconcile/scheduling tick",
-            registry=r, buckets=LATENCY_BUCKETS,
-        )  # fmt: skip
+            "aicluster_scheduler_cycle_seconds",
+            "Duration of one reconcile/scheduling tick",
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
         self.recovery_seconds = Histogram(
             "aicluster_job_recovery_seconds",
             "From a job's requeue (node lost, drained, ...) to running again",
-            ["cause"], registry=r, buckets=LATENCY_BUCKETS,
-        )  # fmt: skip
+            ["cause"],
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
         self.gateway_requests = PromCounter(
-            "aicluster_gateway_requests", "Gateway requests by service, replica and outcome",
-            ["team", "service", "replica", "code"], registry=r,
-        )  # fmt: skip
+            "aicluster_gateway_requests",
+            "Gateway requests by service, replica and outcome",
+            ["team", "service", "replica", "code"],
+            registry=r,
+        )
         self.gateway_latency = Histogram(
-            "aicluster_gateway_request_seconds", "Request latency through the gateway",
-            ["team", "service"], registry=r, buckets=LATENCY_BUCKETS,
-        )  # fmt: skip
+            "aicluster_gateway_request_seconds",
+            "Request latency through the gateway",
+            ["team", "service"],
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
         self.gateway_ttfb = Histogram(
             "aicluster_gateway_time_to_first_byte_seconds",
             "Time to the first response byte (time to first token for streams)",
-            ["team", "service", "replica"], registry=r, buckets=LATENCY_BUCKETS,
-        )  # fmt: skip
+            ["team", "service", "replica"],
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
 
     def add_state(self, state: StateCollector) -> None:
         self.registry.register(state)
@@ -82,8 +97,11 @@ class TeamView:
             if fam.name in CLUSTER_WIDE:
                 yield fam
                 continue
-            samples = [s for s in fam.samples
-                       if self.team is not None and s.labels.get("team") == self.team]  # fmt: skip
+            samples = [
+                s
+                for s in fam.samples
+                if self.team is not None and s.labels.get("team") == self.team
+            ]
             if samples:
                 out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
                 out.samples = samples
@@ -109,25 +127,35 @@ class StateCollector:
         if self.services is not None:
             views += self.services.active_workloads()
         used = allocations(views)
-        n_state = GaugeMetricFamily("aicluster_nodes", "Nodes by pool and state", labels=["pool", "state"])
+        n_state = GaugeMetricFamily(
+            "aicluster_nodes", "Nodes by pool and state", labels=["pool", "state"]
+        )
         states = self.node_states() if self.node_states is not None else {}
         counts = Counter(
-            (n.pool, states[n.node_id].state.value if n.node_id in states
-             else ("Ready" if n.alive else "Down"))
+            (
+                n.pool,
+                states[n.node_id].state.value
+                if n.node_id in states
+                else ("Ready" if n.alive else "Down"),
+            )
             for n in nodes
-        )  # fmt: skip
+        )
         for (pool, state), k in sorted(counts.items()):
             n_state.add_metric([pool, state], k)
         yield n_state
-        gpus = GaugeMetricFamily("aicluster_gpus", "GPUs per pool: total and allocated",
-                                 labels=["pool", "kind"])  # fmt: skip
+        gpus = GaugeMetricFamily(
+            "aicluster_gpus", "GPUs per pool: total and allocated", labels=["pool", "kind"]
+        )
         for pool in sorted({n.pool for n in nodes}):
             live = [n for n in nodes if n.pool == pool and n.alive]
             gpus.add_metric([pool, "total"], sum(n.gpus for n in live))
-            gpus.add_metric([pool, "allocated"], sum(used[n.node_id].gpus for n in live if n.node_id in used))
+            gpus.add_metric(
+                [pool, "allocated"], sum(used[n.node_id].gpus for n in live if n.node_id in used)
+            )
         yield gpus
-        team_gpus = GaugeMetricFamily("aicluster_team_gpus_allocated", "GPUs held per team",
-                                      labels=["team"])  # fmt: skip
+        team_gpus = GaugeMetricFamily(
+            "aicluster_team_gpus_allocated", "GPUs held per team", labels=["team"]
+        )
         per_team: Counter = Counter()
         for w in views:
             per_team[w.team] += w.per_worker.gpus * w.workers
@@ -142,8 +170,11 @@ class StateCollector:
         now = self.clock()
         pending = self.store.list_jobs(statuses=[JobStatus.PENDING])
         q = GaugeMetricFamily("aicluster_queue_length", "Pending jobs per team", labels=["team"])
-        wait = GaugeMetricFamily("aicluster_queue_oldest_wait_seconds",
-                                 "Age of the oldest pending job per team", labels=["team"])  # fmt: skip
+        wait = GaugeMetricFamily(
+            "aicluster_queue_oldest_wait_seconds",
+            "Age of the oldest pending job per team",
+            labels=["team"],
+        )
         by_team: dict[str, list] = {}
         for j in pending:
             by_team.setdefault(j.team, []).append(j)
@@ -152,10 +183,14 @@ class StateCollector:
             wait.add_metric([team], now - min(j.created_at for j in jobs))
         yield q
         yield wait
-        outcomes = GaugeMetricFamily("aicluster_jobs", "Jobs by status and reason",
-                                     labels=["status", "reason"])  # fmt: skip
-        per_team = GaugeMetricFamily("aicluster_team_jobs", "Jobs per team by status and reason",
-                                     labels=["team", "status", "reason"])  # fmt: skip
+        outcomes = GaugeMetricFamily(
+            "aicluster_jobs", "Jobs by status and reason", labels=["status", "reason"]
+        )
+        per_team = GaugeMetricFamily(
+            "aicluster_team_jobs",
+            "Jobs per team by status and reason",
+            labels=["team", "status", "reason"],
+        )
         jobs = self.store.list_jobs(limit=100000)
         counts = Counter((j.status.value, j.reason or "") for j in jobs)
         for (status, reason), k in sorted(counts.items()):
@@ -167,8 +202,11 @@ class StateCollector:
         yield per_team
 
     def _replicas(self):
-        fam = GaugeMetricFamily("aicluster_replicas", "Live replicas per service and status",
-                                labels=["team", "service", "status"])  # fmt: skip
+        fam = GaugeMetricFamily(
+            "aicluster_replicas",
+            "Live replicas per service and status",
+            labels=["team", "service", "status"],
+        )
         names = {s.seq: (s.team, s.name) for s in self.services.services.list()}
         counts = Counter()
         for r in self.services.services.replicas():

@@ -24,8 +24,14 @@ log = logging.getLogger(__name__)
 
 
 class NodeLoop:
-    def __init__(self, nodes: NodeStore, agents=None, clock=time.time, check_every_s: float = 5.0,
-                 commands: dict[str, str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        nodes: NodeStore,
+        agents=None,
+        clock=time.time,
+        check_every_s: float = 5.0,
+        commands: dict[str, str] | None = None,
+    ):
         self.nodes, self.agents, self.clock = nodes, agents, clock
         self.check_every_s = check_every_s
         self.commands = dict(commands or {})
@@ -52,7 +58,7 @@ class NodeLoop:
             if infos:
                 try:
                     self.poll_once(infos)
-                except Exception:  # noqa: BLE001 - the next round retries
+                except Exception:
                     log.exception("health poll failed")
             self._stop.wait(self.check_every_s)
 
@@ -98,8 +104,9 @@ class NodeLoop:
 
     def drain(self, node_id: str, actor: str, grace_s: float) -> NodeRecord | None:
         deadline = self.clock() + grace_s
-        return self.nodes.set_state(node_id, NodeState.DRAINING,
-                                    f"drained by {actor}, grace {grace_s:g} s", actor, deadline)  # fmt: skip
+        return self.nodes.set_state(
+            node_id, NodeState.DRAINING, f"drained by {actor}, grace {grace_s:g} s", actor, deadline
+        )
 
     def uncordon(self, node_id: str, actor: str) -> NodeRecord | None:
         return self.nodes.set_state(node_id, NodeState.READY, None, actor)

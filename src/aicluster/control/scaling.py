@@ -25,11 +25,13 @@ class Scaler:
         key = (svc.team, svc.name)
         want, self.state[key] = autoscale(
             AutoscaleContext(
-                config=config, now=now, current_replicas=len(live),
+                config=config,
+                now=now,
+                current_replicas=len(live),
                 ongoing_requests=float(demand.ongoing),
                 queued_requests=1 if demand.waiting_since is not None else 0,
                 state=self.state.get(key),
-            )  # fmt: skip
+            )
         )
         return want
 

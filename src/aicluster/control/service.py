@@ -11,9 +11,9 @@ from __future__ import annotations
 import base64
 import binascii
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from aicluster.control.logs import LogStore
 from aicluster.core.lifecycle import JobStatus, Reason
@@ -106,10 +106,19 @@ class Services:
             team = job.team if job else None
             if job is None or not (who.is_admin or team == who.team):
                 continue
-            out.append({"position": position, "workload": wid, "kind": "job", "team": team,
-                        "name": job.name, "workers": int(job.spec.get("workers", 1)),
-                        "priority": job.priority, "submitted_at": job.created_at,
-                        "reason": reason})  # fmt: skip
+            out.append(
+                {
+                    "position": position,
+                    "workload": wid,
+                    "kind": "job",
+                    "team": team,
+                    "name": job.name,
+                    "workers": int(job.spec.get("workers", 1)),
+                    "priority": job.priority,
+                    "submitted_at": job.created_at,
+                    "reason": reason,
+                }
+            )
         return out
 
     # -- nodes ---------------------------------------------------------------------
@@ -146,15 +155,23 @@ class Services:
             raise ForbiddenError("viewers cannot submit jobs")
         spec: JobSpec = validate_spec(spec_doc, "request body")
         if not isinstance(spec, JobSpec):
-            raise SpecError("request body", [SpecIssue(
-                "kind", f"this is a {spec.kind} spec, not a job: {_OTHER_KINDS[spec.kind]}")])
+            raise SpecError(
+                "request body",
+                [
+                    SpecIssue(
+                        "kind", f"this is a {spec.kind} spec, not a job: {_OTHER_KINDS[spec.kind]}"
+                    )
+                ],
+            )
         if not who.is_admin and spec.team != who.team:
             raise SpecError(
                 "request body",
                 [SpecIssue("team", f"you may submit only to your team {who.team!r}")],
             )
         if not self.store.team_exists(spec.team):
-            raise SpecError("request body", [SpecIssue("team", f"team {spec.team!r} does not exist")])
+            raise SpecError(
+                "request body", [SpecIssue("team", f"team {spec.team!r} does not exist")]
+            )
         self._check_artifacts(who, spec)
         blob = _decode_workdir(workdir_b64)
         ref = None
@@ -177,8 +194,9 @@ class Services:
         issues = []
         for i, inp in enumerate(spec.inputs):
             try:
-                self.artifacts.version(who, inp.artifact if "/" in inp.artifact
-                                       else f"{spec.team}/{inp.artifact}")  # fmt: skip
+                self.artifacts.version(
+                    who, inp.artifact if "/" in inp.artifact else f"{spec.team}/{inp.artifact}"
+                )
             except Exception as exc:  # noqa: BLE001 - not found, not shared, bad name
                 issues.append(SpecIssue(f"inputs.{i}.artifact", str(exc).strip("'\"")))
         for i, out in enumerate(spec.outputs):
@@ -188,8 +206,11 @@ class Services:
                 issues.append(SpecIssue(f"outputs.{i}.artifact", str(exc)))
                 continue
             if team != spec.team:
-                issues.append(SpecIssue(f"outputs.{i}.artifact",
-                                        f"outputs go to the job's team {spec.team!r}"))  # fmt: skip
+                issues.append(
+                    SpecIssue(
+                        f"outputs.{i}.artifact", f"outputs go to the job's team {spec.team!r}"
+                    )
+                )
         if issues:
             raise SpecError("request body", issues)
 
@@ -239,9 +260,13 @@ class Services:
             raise ForbiddenError("viewers cannot cancel jobs")
         while not job.status.terminal:
             done = self.store.transition(
-                job.id, job.status, JobStatus.CANCELLED, Reason.CANCELLED_BY_USER,
-                f"cancelled by {who.user}", actor=who.user,
-            )  # fmt: skip
+                job.id,
+                job.status,
+                JobStatus.CANCELLED,
+                Reason.CANCELLED_BY_USER,
+                f"cancelled by {who.user}",
+                actor=who.user,
+            )
             if done is not None:
                 if job.attempt > 0 and job.status != JobStatus.PENDING:
                     self._drain_and_stop(job)
@@ -309,8 +334,9 @@ def _decode_workdir(b64: str | None) -> bytes | None:
     except (binascii.Error, ValueError):
         raise BadRequest("workdir must be a base64-encoded .tar.gz", field="workdir") from None
     if len(blob) > MAX_WORKDIR_BYTES:
-        raise BadRequest(f"workdir is larger than {MAX_WORKDIR_BYTES // 2**20} MiB",
-                         field="workdir")  # fmt: skip
+        raise BadRequest(
+            f"workdir is larger than {MAX_WORKDIR_BYTES // 2**20} MiB", field="workdir"
+        )
     try:
         check_workdir_archive(blob)
     except WorkdirInvalid as exc:

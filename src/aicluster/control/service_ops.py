@@ -7,8 +7,8 @@ nothing; admins act on any team, naming it (default team `default`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from aicluster.control.endpoints import EndpointTable, ServiceEndpoints
 from aicluster.control.service import BadRequest, ForbiddenError, NotFoundError
@@ -35,20 +35,29 @@ class ServiceOps:
             raise SpecError("request body", [SpecIssue("kind", "expected kind: service")])
         if not who.is_admin and spec.team != who.team:
             raise SpecError(
-                "request body", [SpecIssue("team", f"you may deploy only to your team {who.team!r}")]
+                "request body",
+                [SpecIssue("team", f"you may deploy only to your team {who.team!r}")],
             )
         if spec.model.startswith("artifact:") and self.artifacts is not None:
             name = spec.model[len("artifact:") :]
             try:
                 self.artifacts.version(who, name if "/" in name else f"{spec.team}/{name}")
             except Exception as exc:  # noqa: BLE001 - not found, not shared, bad name
-                raise SpecError("request body",
-                                [SpecIssue("model", str(exc).strip("'\""))]) from None  # fmt: skip
+                raise SpecError(
+                    "request body", [SpecIssue("model", str(exc).strip("'\""))]
+                ) from None
         svc = self.services.create(spec.model_dump(mode="json"), who.user)
-        self.table.announce(ServiceEndpoints(
-            spec.team, spec.name, spec.engine, spec.routing.policy, dict(spec.routing.options),
-            (), served_model(svc.spec),
-        ))  # fmt: skip
+        self.table.announce(
+            ServiceEndpoints(
+                spec.team,
+                spec.name,
+                spec.engine,
+                spec.routing.policy,
+                dict(spec.routing.options),
+                (),
+                served_model(svc.spec),
+            )
+        )
         self.notify()
         return svc
 

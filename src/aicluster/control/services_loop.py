@@ -24,10 +24,14 @@ import httpx
 
 from aicluster.control.endpoints import Endpoint, EndpointTable, ReplicaSecrets, ServiceEndpoints
 from aicluster.control.logs import LogStore
-from aicluster.control.snapshot import (
-    REPLICA_PREFIX, WorkloadView, artifact_keys, per_worker, preferred,
-)
 from aicluster.control.scaling import Scaler
+from aicluster.control.snapshot import (
+    REPLICA_PREFIX,
+    WorkloadView,
+    artifact_keys,
+    per_worker,
+    preferred,
+)
 from aicluster.core.model import Admit, Preempt, Wait
 from aicluster.core.replica import ReplicaReason as RR
 from aicluster.core.replica import ReplicaStatus as RS
@@ -47,9 +51,14 @@ def gang_id(rid: str) -> str:
 def _plan(spec: dict):
     from aicluster.runtime.adapters import build_launch
 
-    return build_launch(spec.get("engine", "builtin"), model=spec["model"], host="127.0.0.1",
-                        port=1, served_model_name=spec["name"],
-                        engine_args=spec.get("engine_args") or {})  # fmt: skip
+    return build_launch(
+        spec.get("engine", "builtin"),
+        model=spec["model"],
+        host="127.0.0.1",
+        port=1,
+        served_model_name=spec["name"],
+        engine_args=spec.get("engine_args") or {},
+    )
 
 
 def replica_command(spec: dict) -> tuple[list[str], str, str | None]:
@@ -68,9 +77,17 @@ def served_model(spec: dict) -> str:
 
 class ServiceLoop:
     def __init__(
-        self, services: ServiceStore, engine: Engine, logs: LogStore, table: EndpointTable,
-        clock=time.time, notify=lambda: None, artifacts=None, home=None, http_get=httpx.get,
-    ):  # fmt: skip
+        self,
+        services: ServiceStore,
+        engine: Engine,
+        logs: LogStore,
+        table: EndpointTable,
+        clock=time.time,
+        notify=lambda: None,
+        artifacts=None,
+        home=None,
+        http_get=httpx.get,
+    ):
         """`http_get(url, timeout=, headers=)`: the readiness probe's HTTP call (httpx.get's
         signature; it answers `.status_code` and `.text`, or raises httpx.HTTPError)."""
         self.services, self.engine, self.logs, self.table = services, engine, logs, table
@@ -90,8 +107,9 @@ class ServiceLoop:
 
     # -- WorkloadSource ---------------------------------------------------------------
 
-    def reconcile(self, nodes: list[NodeInfo], alive: set[str],
-                  draining: frozenset[str] = frozenset()) -> None:  # fmt: skip
+    def reconcile(
+        self, nodes: list[NodeInfo], alive: set[str], draining: frozenset[str] = frozenset()
+    ) -> None:
         self.alive, self.draining = alive, draining
         published: dict[tuple[str, str], ServiceEndpoints] = {}
         for svc in self.services.list():
@@ -101,14 +119,21 @@ class ServiceLoop:
                 continue
             live = [r for r in (self._check(svc, r) for r in live) if r is not None]
             live = self._scale(svc, live)
-            ready = tuple(Endpoint(r.id, r.url, self.secrets.secret(r.id))
-                          for r in live if r.status == RS.READY)  # fmt: skip
+            ready = tuple(
+                Endpoint(r.id, r.url, self.secrets.secret(r.id))
+                for r in live
+                if r.status == RS.READY
+            )
             routing = svc.spec.get("routing", {})
             published[(svc.team, svc.name)] = ServiceEndpoints(
-                svc.team, svc.name, svc.spec.get("engine", "builtin"),
-                routing.get("policy", "least_outstanding"), routing.get("options", {}), ready,
+                svc.team,
+                svc.name,
+                svc.spec.get("engine", "builtin"),
+                routing.get("policy", "least_outstanding"),
+                routing.get("options", {}),
+                ready,
                 self._served_model(svc.spec),
-            )  # fmt: skip
+            )
         self.table.publish(published)
 
     def pending_workloads(self) -> list[WorkloadView]:
@@ -159,12 +184,16 @@ class ServiceLoop:
     def _view(self, rep: ReplicaRecord) -> WorkloadView:
         spec = self._spec_of(rep)
         return WorkloadView(
-            workload_id=REPLICA_PREFIX + rep.id, team=rep.team, workers=1,
-            per_worker=per_worker(spec), gpu_model=spec.get("resources", {}).get("gpu_model"),
-            priority=0, created_at=rep.created_at,
+            workload_id=REPLICA_PREFIX + rep.id,
+            team=rep.team,
+            workers=1,
+            per_worker=per_worker(spec),
+            gpu_model=spec.get("resources", {}).get("gpu_model"),
+            priority=0,
+            created_at=rep.created_at,
             placement=(rep.node_id,) if rep.node_id else None,
             preferred_nodes=preferred(spec, self.artifact_nodes),
-        )  # fmt: skip
+        )
 
     def _launch(self, rid: str, node_id: str) -> None:
         rep = self.services.transition(rid, RS.PENDING, RS.STARTING, RR.PLACED, node_id=node_id)
@@ -176,16 +205,33 @@ class ServiceLoop:
         try:
             inputs, storage = self._model_input(spec)
         except Exception as exc:  # noqa: BLE001 - deleted, unshared, storage down
-            self.services.transition(rid, RS.STARTING, RS.FAILED, RR.LAUNCH_FAILED,
-                                     f"model artifact: {str(exc).strip(chr(39))}")  # fmt: skip
+            self.services.transition(
+                rid,
+                RS.STARTING,
+                RS.FAILED,
+                RR.LAUNCH_FAILED,
+                f"model artifact: {str(exc).strip(chr(39))}",
+            )
             return
         req = LaunchRequest(
-            job_id=gang_id(rid), attempt=1, placement=(node_id,), cpus=res.cpus,
-            memory=res.memory, gpus=res.gpus, command=command,
-            env={"AICLUSTER_SERVICE": spec["name"], "AICLUSTER_REPLICA_ID": rid,
-                 "AICLUSTER_TEAM": spec["team"], SECRET_ENV: self.secrets.secret(rid)},
-            workdir=None, inputs=inputs, storage=storage, team=spec["team"],
-        )  # fmt: skip
+            job_id=gang_id(rid),
+            attempt=1,
+            placement=(node_id,),
+            cpus=res.cpus,
+            memory=res.memory,
+            gpus=res.gpus,
+            command=command,
+            env={
+                "AICLUSTER_SERVICE": spec["name"],
+                "AICLUSTER_REPLICA_ID": rid,
+                "AICLUSTER_TEAM": spec["team"],
+                SECRET_ENV: self.secrets.secret(rid),
+            },
+            workdir=None,
+            inputs=inputs,
+            storage=storage,
+            team=spec["team"],
+        )
         fut = self.pool.submit(self.engine.launch, req)
         fut.add_done_callback(lambda _f: self.notify())
         self.launching[rid] = fut
@@ -239,8 +285,9 @@ class ServiceLoop:
     def _probe(self, svc: ServiceRecord, rep: ReplicaRecord) -> ReplicaRecord | None:
         _cmd, path, contains = replica_command(svc.spec)
         try:
-            resp = self.http_get(rep.url + path, timeout=1.0,
-                                 headers={SECRET_HEADER: self.secrets.secret(rep.id)})  # fmt: skip
+            resp = self.http_get(
+                rep.url + path, timeout=1.0, headers={SECRET_HEADER: self.secrets.secret(rep.id)}
+            )
             ok = resp.status_code == 200 and (contains is None or contains in resp.text)
         except httpx.HTTPError:
             ok = False
@@ -277,7 +324,9 @@ class ServiceLoop:
     def _scale(self, svc: ServiceRecord, live: list[ReplicaRecord]) -> list[ReplicaRecord]:
         moving = [r for r in live if r.node_id in self.draining]
         staying = [r for r in live if r not in moving]
-        want = self.scaler.desired(svc, staying, self.table.demand(svc.team, svc.name), self.clock())
+        want = self.scaler.desired(
+            svc, staying, self.table.demand(svc.team, svc.name), self.clock()
+        )
         while len(staying) < want:  # replacements first ...
             staying.append(self.services.add_replica(svc))
         ready = sum(1 for r in staying if r.status == RS.READY)

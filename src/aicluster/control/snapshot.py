@@ -37,11 +37,16 @@ class WorkloadView:
 
     def gang(self) -> GangRequest:
         return GangRequest(
-            workload_id=self.workload_id, team=self.team, workers=self.workers,
-            per_worker=self.per_worker, gpu_model=self.gpu_model, priority=self.priority,
-            submitted_at=self.created_at, preemptible=self.preemptible,
+            workload_id=self.workload_id,
+            team=self.team,
+            workers=self.workers,
+            per_worker=self.per_worker,
+            gpu_model=self.gpu_model,
+            priority=self.priority,
+            submitted_at=self.created_at,
+            preemptible=self.preemptible,
             preferred_nodes=self.preferred_nodes,
-        )  # fmt: skip
+        )
 
 
 def artifact_keys(spec: dict) -> list[str]:
@@ -85,8 +90,11 @@ def allocations(active: list[WorkloadView]) -> dict[str, Res]:
 
 
 def build_snapshot(
-    nodes: list[NodeInfo], pending: list[WorkloadView], active: list[WorkloadView],
-    unschedulable: frozenset[str] = frozenset(), quotas: tuple[Quota, ...] = (),
+    nodes: list[NodeInfo],
+    pending: list[WorkloadView],
+    active: list[WorkloadView],
+    unschedulable: frozenset[str] = frozenset(),
+    quotas: tuple[Quota, ...] = (),
 ) -> Snapshot:
     """`unschedulable`: nodes that take no new work (cordoned, draining, degraded).
     Racks come from the node label `rack`; a running workload is charged to the pool
@@ -110,11 +118,14 @@ def build_snapshot(
     )
     running = tuple(
         RunningWorkload(
-            gang=w.gang(), placement=w.placement, started_at=w.started_at or w.created_at,
+            gang=w.gang(),
+            placement=w.placement,
+            started_at=w.started_at or w.created_at,
             pool=pool_of.get(w.placement[0], "default"),
-        )  # fmt: skip
+        )
         for w in active
         if w.placement
     )
-    return Snapshot(nodes=views, pending=tuple(w.gang() for w in pending), running=running,
-                    quotas=tuple(quotas))  # fmt: skip
+    return Snapshot(
+        nodes=views, pending=tuple(w.gang() for w in pending), running=running, quotas=tuple(quotas)
+    )

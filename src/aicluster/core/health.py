@@ -99,8 +99,9 @@ def check_gpus(declared: int, sample: GpuSample, t: Thresholds = Thresholds()) -
     out = []
     found = len(sample.devices)
     count_ok = found >= declared
-    out.append(CheckResult("gpu_count", OK if count_ok else FAIL,
-                           f"{found} visible, {declared} declared"))  # fmt: skip
+    out.append(
+        CheckResult("gpu_count", OK if count_ok else FAIL, f"{found} visible, {declared} declared")
+    )
     for d in sample.devices:
         problems = []
         if d.ecc_uncorrected > 0:
@@ -111,8 +112,13 @@ def check_gpus(declared: int, sample: GpuSample, t: Thresholds = Thresholds()) -
             problems.append(f"{d.temperature_c:.0f} C")
         if d.utilization_pct >= t.stuck_util_pct and d.processes == 0:
             problems.append("stuck at full utilisation with no process")
-        out.append(CheckResult(f"gpu{d.index}", FAIL if problems else OK,
-                               "; ".join(problems) or f"{d.temperature_c:.0f} C"))  # fmt: skip
+        out.append(
+            CheckResult(
+                f"gpu{d.index}",
+                FAIL if problems else OK,
+                "; ".join(problems) or f"{d.temperature_c:.0f} C",
+            )
+        )
     return out
 
 
@@ -127,7 +133,13 @@ def check_commands(outcomes: list[CommandOutcome]) -> list[CheckResult]:
     return out
 
 
-def evaluate(host: HostSample, gpus: GpuSample, declared_gpus: int,
-             commands: list[CommandOutcome], t: Thresholds = Thresholds()) -> HealthReport:  # fmt: skip
-    return HealthReport(tuple(check_host(host, t) + check_gpus(declared_gpus, gpus, t)
-                              + check_commands(commands)))  # fmt: skip
+def evaluate(
+    host: HostSample,
+    gpus: GpuSample,
+    declared_gpus: int,
+    commands: list[CommandOutcome],
+    t: Thresholds = Thresholds(),
+) -> HealthReport:
+    return HealthReport(
+        tuple(check_host(host, t) + check_gpus(declared_gpus, gpus, t) + check_commands(commands))
+    )

@@ -80,5 +80,8 @@ def check_transition(src: JobStatus, dst: JobStatus) -> None:
 def failure_is_retryable(reason: Reason) -> bool:
     """Infrastructure failures are retried within max_restarts; user errors are not."""
     return reason in {
-        Reason.NODE_LOST, Reason.NODE_UNHEALTHY, Reason.WORKER_LOST, Reason.LAUNCH_FAILED,
-    }  # fmt: skip
+        Reason.NODE_LOST,
+        Reason.NODE_UNHEALTHY,
+        Reason.WORKER_LOST,
+        Reason.LAUNCH_FAILED,
+    }

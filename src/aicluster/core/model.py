@@ -38,9 +38,7 @@ class Res:
 
     def fits_in(self, o: Res) -> bool:
         eps = 1e-9
-        return (
-            self.cpus <= o.cpus + eps and self.memory <= o.memory and self.gpus <= o.gpus
-        )
+        return self.cpus <= o.cpus + eps and self.memory <= o.memory and self.gpus <= o.gpus
 
     def count_in(self, o: Res) -> int:
         """How many copies of self fit in o (large when self is zero)."""
@@ -180,4 +178,3 @@ class Preempt:
 
 
 Decision = Admit | Wait | Preempt
-

@@ -81,32 +81,31 @@ class QuotaBook:
         self.cohort_gpus: dict[str, float] = {}
         self.team_cohort: dict[str, tuple[str, float]] = {}  # team -> (cohort, weight)
         self.unassigned: dict[str, float] = {}  # pool -> GPUs no quota covers
-        self.shared_used: dict[
-            str, float
-        ] = {}  # pool -> GPUs used by teams without quota
+        self.shared_used: dict[str, float] = {}  # pool -> GPUs used by teams without quota
         for q in sorted(quotas, key=lambda q: (q.pool, q.team)):
             self._open(q)
         for pool, gpus in sorted(pool_gpus.items()):
-            covered = sum(
-                a.guaranteed for a in self.accounts.values() if a.pool == pool
-            )
+            covered = sum(a.guaranteed for a in self.accounts.values() if a.pool == pool)
             self.unassigned[pool] = max(0, gpus - covered)
             self._add_lendable("default", pool, self.unassigned[pool])
-            self.cohort_gpus["default"] = (
-                self.cohort_gpus.get("default", 0) + self.unassigned[pool]
-            )
+            self.cohort_gpus["default"] = self.cohort_gpus.get("default", 0) + self.unassigned[pool]
 
     def _open(self, q: Quota | None, team: str = "", pool: str = "") -> _Account:
         if q is None:
             a = _Account(team, pool, 0, INF, 0.0, INF, INF, 1.0, "default", False)
         else:
             a = _Account(
-                q.team, q.pool, q.gpus,
+                q.team,
+                q.pool,
+                q.gpus,
                 INF if q.borrow_gpus is None else q.borrow_gpus,
                 INF if q.lend_gpus is None else q.lend_gpus,
-                INF if q.cpus is None else q.cpus, INF if q.memory is None else q.memory,
-                q.weight if q.weight > 0 else 1.0, q.cohort, True,
-            )  # fmt: skip
+                INF if q.cpus is None else q.cpus,
+                INF if q.memory is None else q.memory,
+                q.weight if q.weight > 0 else 1.0,
+                q.cohort,
+                True,
+            )
         self.accounts[(a.team, a.pool)] = a
         if a.has_quota:
             self.team_cohort.setdefault(a.team, (a.cohort, a.weight))
@@ -139,9 +138,7 @@ class QuotaBook:
         a = self.account(team, pool)
         return a.guaranteed + a.borrow_limit
 
-    def admissible(
-        self, team: str, pool: str, need: Res, borrow: bool = True
-    ) -> str | None:
+    def admissible(self, team: str, pool: str, need: Res, borrow: bool = True) -> str | None:
         """None if charging `need` keeps every invariant; else a reason a user can act on."""
         a = self.account(team, pool)
         if not self._caps_ok(a, need):
@@ -201,10 +198,7 @@ class QuotaBook:
 
     @staticmethod
     def _caps_ok(a: _Account, need: Res) -> bool:
-        return (
-            a.used.cpus + need.cpus <= a.cpus + 1e-9
-            and a.used.memory + need.memory <= a.memory
-        )
+        return a.used.cpus + need.cpus <= a.cpus + 1e-9 and a.used.memory + need.memory <= a.memory
 
     # -- changes ------------------------------------------------------------------
 
@@ -242,6 +236,4 @@ def _usage(snapshot: Snapshot) -> list[tuple[str, str, Res]]:
         s[0] += w.cpus * n
         s[1] += w.memory * n
         s[2] += w.gpus * n
-    return [
-        (t, p, Res(v[0], int(v[1]), int(v[2]))) for (t, p), v in sorted(sums.items())
-    ]
+    return [(t, p, Res(v[0], int(v[1]), int(v[2]))) for (t, p), v in sorted(sums.items())]

@@ -38,9 +38,7 @@ def get_policy(policy: str | Policy = DEFAULT_POLICY) -> Policy:
         return policy
     factories = {"fifo": FifoPolicy, "backfill": BackfillPolicy, "fair": FairPolicy}
     if policy not in factories:
-        raise ValueError(
-            f"unknown policy {policy!r}: choose one of {', '.join(POLICY_NAMES)}"
-        )
+        raise ValueError(f"unknown policy {policy!r}: choose one of {', '.join(POLICY_NAMES)}")
     return factories[policy]()
 
 

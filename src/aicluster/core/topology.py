@@ -35,10 +35,7 @@ SCOPES = ("node", "nvlink", "rack", "pool")
 
 def model_ok(node: NodeView, gang: GangRequest) -> bool:
     """The gang asks no GPU model, or the node's model matches (case-insensitive)."""
-    return (
-        gang.gpu_model is None
-        or (node.gpu_model or "").lower() == gang.gpu_model.lower()
-    )
+    return gang.gpu_model is None or (node.gpu_model or "").lower() == gang.gpu_model.lower()
 
 
 def scope_key(node: NodeView, scope: str) -> str:
@@ -79,9 +76,7 @@ class Layout:
     (everything but `allocated`) stays the same."""
 
     def __init__(self, nodes: Iterable[NodeView]) -> None:
-        ordered = sorted(
-            (n for n in nodes if n.schedulable), key=lambda n: (n.name, n.node_id)
-        )
+        ordered = sorted((n for n in nodes if n.schedulable), key=lambda n: (n.name, n.node_id))
         self.ordered = ordered
         self.ids = [n.node_id for n in ordered]
         self.rank = {n.node_id: i for i, n in enumerate(ordered)}
@@ -215,16 +210,19 @@ class FreeIndex:
             return None
         return self._multi_node(gang, p, avoid)
 
-    def _one_node(
-        self, gang: GangRequest, p: _Pool, avoid: frozenset[str]
-    ) -> str | None:
+    def _one_node(self, gang: GangRequest, p: _Pool, avoid: frozenset[str]) -> str | None:
         """A preferred node (artifact locality) that holds the whole gang, else best fit:
         the node with the fewest free GPUs that holds it."""
         for node_id in gang.preferred_nodes:
             node = self.node.get(node_id)
-            if (node is not None and node.pool == p.name and node_id not in avoid
-                    and node_id not in self.held and model_ok(node, gang)
-                    and gang.per_worker.count_in(self.free[node_id]) >= gang.workers):
+            if (
+                node is not None
+                and node.pool == p.name
+                and node_id not in avoid
+                and node_id not in self.held
+                and model_ok(node, gang)
+                and gang.per_worker.count_in(self.free[node_id]) >= gang.workers
+            ):
                 return node_id
         need = gang.per_worker.gpus * gang.workers
         for g in range(need, p.max_node_gpus + 1):
@@ -291,9 +289,7 @@ class FreeIndex:
         return best
 
 
-def _greedy(
-    rooms: list[tuple[int, int, str]], workers: int
-) -> list[tuple[str, int]] | None:
+def _greedy(rooms: list[tuple[int, int, str]], workers: int) -> list[tuple[str, int]] | None:
     """Fewest nodes: the roomiest nodes first, then the tightest node that holds the rest.
 
     `rooms` is sorted by room descending, then rank. Returns (node id, workers) pairs.
@@ -340,14 +336,10 @@ def why_no_room(index: FreeIndex, gang: GangRequest, pool: str) -> str:
             f"needs {total} GPUs within one {_SCOPE_WORDS[gang.locality]} of pool {pool}; "
             f"{free} GPUs are free but spread out"
         )
-    return (
-        f"waiting for capacity in pool {pool}: needs {describe(gang)}; {free} GPUs free"
-    )
+    return f"waiting for capacity in pool {pool}: needs {describe(gang)}; {free} GPUs free"
 
 
-def never_fits_reason(
-    empty: FreeIndex, gang: GangRequest, pools: list[str]
-) -> str | None:
+def never_fits_reason(empty: FreeIndex, gang: GangRequest, pools: list[str]) -> str | None:
     """None when some pool, empty, would hold the gang; else why none could, ever."""
     if any(empty.place(gang, pool) is not None for pool in pools):
         return None

@@ -17,8 +17,9 @@ from aicluster.runtime.health_agent import run_commands, sample_gpus, sample_hos
 
 class _Agent:
     def report(self, declared_gpus: int, commands: dict[str, str]) -> HealthReport:
-        return evaluate(sample_host(), sample_gpus(), declared_gpus, run_commands(commands),
-                        Thresholds())  # fmt: skip
+        return evaluate(
+            sample_host(), sample_gpus(), declared_gpus, run_commands(commands), Thresholds()
+        )
 
 
 _RemoteAgent = ray.remote(num_cpus=0, max_restarts=0)(_Agent)
@@ -43,13 +44,17 @@ class HealthAgents:
             if n.alive and self._get(n.node_id) is None:
                 try:
                     _RemoteAgent.options(
-                        name=agent_name(n.node_id), namespace=self.namespace, lifetime="detached",
+                        name=agent_name(n.node_id),
+                        namespace=self.namespace,
+                        lifetime="detached",
                         scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False),
-                    ).remote()  # fmt: skip
+                    ).remote()
                 except ValueError:
                     pass  # created meanwhile by another pass
 
-    def reports(self, nodes: list[NodeInfo], commands: dict[str, str]) -> dict[str, HealthReport | None]:
+    def reports(
+        self, nodes: list[NodeInfo], commands: dict[str, str]
+    ) -> dict[str, HealthReport | None]:
         refs = {}
         for n in nodes:
             agent = self._get(n.node_id) if n.alive else None

@@ -89,8 +89,9 @@ class Engine(Protocol):
         rank 0 is gone."""
         ...
 
-    def upload_output(self, job_id: str, attempt: int, path: str, digests: list[str],
-                      storage) -> int:  # fmt: skip
+    def upload_output(
+        self, job_id: str, attempt: int, path: str, digests: list[str], storage
+    ) -> int:
         """From rank 0's node, write the blobs of `path` whose sha256 is in `digests` to
         `storage` (a StorageConfig); the number of bytes written. Raises LaunchError
         when rank 0 is gone."""

@@ -56,8 +56,14 @@ _RemoteWorker = ray.remote(max_restarts=0, max_concurrency=4)(_WorkerActor)
 
 
 class RayEngine:
-    def __init__(self, address: str, *, call_timeout: float = 10.0, launch_timeout: float = 60.0,
-                 sandbox_for=None):  # fmt: skip
+    def __init__(
+        self,
+        address: str,
+        *,
+        call_timeout: float = 10.0,
+        launch_timeout: float = 60.0,
+        sandbox_for=None,
+    ):
         """`sandbox_for(team) -> dict | None`: the SandboxPolicy (runtime.sandbox) that the
         team's workloads run under on every node; None runs them unsandboxed."""
         if not ray.is_initialized():
@@ -123,7 +129,9 @@ class RayEngine:
                 bundle_label_selector=[{"ray.io/node-id": n} for n in req.placement],
             )
             if not pg.wait(timeout_seconds=self.launch_timeout):
-                raise LaunchError("placement group not ready in time (capacity taken outside aicluster?)")
+                raise LaunchError(
+                    "placement group not ready in time (capacity taken outside aicluster?)"
+                )
             actors = [
                 _RemoteWorker.options(
                     name=actor_name(req.job_id, req.attempt, rank),
@@ -148,19 +156,25 @@ class RayEngine:
                 env = dict(req.env)
                 env.update(
                     worker_env(
-                        placement=req.placement, rank=rank, master_addr=master_addr,
-                        master_port=master_port, gpu_ids=where[rank]["gpu_ids"],
-                    )  # fmt: skip
+                        placement=req.placement,
+                        rank=rank,
+                        master_addr=master_addr,
+                        master_port=master_port,
+                        gpu_ids=where[rank]["gpu_ids"],
+                    )
                 )
                 env["AICLUSTER_NODE_ID"] = where[rank]["node_id"]
-                starts.append(actor.start.remote(req.command, env, workdir, list(req.inputs),
-                                                 req.storage, sandbox))  # fmt: skip
+                starts.append(
+                    actor.start.remote(
+                        req.command, env, workdir, list(req.inputs), req.storage, sandbox
+                    )
+                )
             ray.get(starts, timeout=self.launch_timeout)
             return master_addr, master_port
         except LaunchError:
             self.stop(req.job_id, req.attempt, len(req.placement))
             raise
-        except Exception as exc:  # noqa: BLE001 - any Ray failure is a launch failure
+        except Exception as exc:
             self.stop(req.job_id, req.attempt, len(req.placement))
             raise LaunchError(f"{type(exc).__name__}: {exc}") from exc
 
@@ -213,8 +227,9 @@ class RayEngine:
             raise LaunchError("rank 0 is gone; its outputs cannot be read")
         return ray.get(actor.scan_output.remote(path), timeout=600)
 
-    def upload_output(self, job_id: str, attempt: int, path: str, digests: list[str],
-                      storage) -> int:  # fmt: skip
+    def upload_output(
+        self, job_id: str, attempt: int, path: str, digests: list[str], storage
+    ) -> int:
         actor = self._actor(job_id, attempt, 0)
         if actor is None:
             raise LaunchError("rank 0 is gone; its outputs cannot be read")

@@ -19,7 +19,6 @@ import psutil
 
 from aicluster.engine.rayenv import ray_env, ray_temp_dir
 
-
 # Ray declares a dead node dead after ~14 s by default; these settings make it ~4 s, so a
 # job on a lost node is requeued seconds after the loss (see shared/RAY-NOTES.md).
 NODE_DEATH_DETECTION = {
@@ -51,9 +50,7 @@ def _labels_arg(labels: dict[str, str]) -> list[str]:
     return ["--labels", ",".join(f"{k}={v}" for k, v in sorted(labels.items()))]
 
 
-def _common_args(
-    home: Path, node_ip: str, num_cpus, num_gpus, labels: dict[str, str]
-) -> list[str]:
+def _common_args(home: Path, node_ip: str, num_cpus, num_gpus, labels: dict[str, str]) -> list[str]:
     args = [
         f"--node-ip-address={node_ip}",
         f"--temp-dir={ray_temp_dir(home)}",
@@ -82,30 +79,51 @@ def _run(cmd: list[str], home: Path, loopback: bool, log_name: str) -> None:
 
 
 def start_head(
-    home: Path, *, node_ip: str = "127.0.0.1", port: int = 0, num_cpus=None, num_gpus=None,
+    home: Path,
+    *,
+    node_ip: str = "127.0.0.1",
+    port: int = 0,
+    num_cpus=None,
+    num_gpus=None,
     labels: dict[str, str] | None = None,
-) -> str:  # fmt: skip
+) -> str:
     """Start this machine's Ray head; return its address host:port."""
     port = port or _free_port()
-    cmd = [_ray_bin(), "start", "--head", f"--port={port}", "--include-dashboard=false",
-           f"--system-config={json.dumps(NODE_DEATH_DETECTION)}"]  # fmt: skip
+    cmd = [
+        _ray_bin(),
+        "start",
+        "--head",
+        f"--port={port}",
+        "--include-dashboard=false",
+        f"--system-config={json.dumps(NODE_DEATH_DETECTION)}",
+    ]
     cmd += _common_args(home, node_ip, num_cpus, num_gpus, labels or {})
     _run(cmd, home, node_ip.startswith("127."), "ray-start.log")
     return f"{node_ip}:{port}"
 
 
 def join(
-    home: Path, head: str, *, node_ip: str = "127.0.0.1", num_cpus=None, num_gpus=None,
+    home: Path,
+    head: str,
+    *,
+    node_ip: str = "127.0.0.1",
+    num_cpus=None,
+    num_gpus=None,
     labels: dict[str, str] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     loopback = node_ip.startswith("127.")
     if loopback:
         args = {
-            "gcs_address": head, "node_ip": node_ip, "num_cpus": num_cpus,
-            "num_gpus": num_gpus, "labels": labels or {}, "temp_dir": str(ray_temp_dir(home)),
-            "dashboard_agent_listen_port": _free_port(), "runtime_env_agent_port": _free_port(),
+            "gcs_address": head,
+            "node_ip": node_ip,
+            "num_cpus": num_cpus,
+            "num_gpus": num_gpus,
+            "labels": labels or {},
+            "temp_dir": str(ray_temp_dir(home)),
+            "dashboard_agent_listen_port": _free_port(),
+            "runtime_env_agent_port": _free_port(),
             "metrics_export_port": _free_port(),
-        }  # fmt: skip
+        }
         cmd = [sys.executable, "-m", "aicluster.engine.raynode_join", json.dumps(args)]
     else:
         cmd = [_ray_bin(), "start", f"--address={head}"]

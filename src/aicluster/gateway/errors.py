@@ -7,15 +7,17 @@ import json
 from fastapi.responses import JSONResponse
 
 
-def openai_error(status: int, message: str, type_: str, code: str | None = None,
-                 param: str | None = None) -> JSONResponse:  # fmt: skip
+def openai_error(
+    status: int, message: str, type_: str, code: str | None = None, param: str | None = None
+) -> JSONResponse:
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     return JSONResponse(body, status_code=status)
 
 
 def unauthorized() -> JSONResponse:
-    resp = openai_error(401, "missing or invalid API token", "authentication_error",
-                        "invalid_api_key")  # fmt: skip
+    resp = openai_error(
+        401, "missing or invalid API token", "authentication_error", "invalid_api_key"
+    )
     resp.headers["WWW-Authenticate"] = "Bearer"
     return resp
 
@@ -25,8 +27,13 @@ def bad_request(message: str, param: str | None = None) -> JSONResponse:
 
 
 def model_not_found(model: str) -> JSONResponse:
-    return openai_error(404, f"The model '{model}' does not exist", "invalid_request_error",
-                        "model_not_found", "model")  # fmt: skip
+    return openai_error(
+        404,
+        f"The model '{model}' does not exist",
+        "invalid_request_error",
+        "model_not_found",
+        "model",
+    )
 
 
 def unavailable(message: str) -> JSONResponse:
@@ -38,13 +45,23 @@ def timed_out(message: str) -> JSONResponse:
 
 
 def too_large(limit: int) -> JSONResponse:
-    return openai_error(413, f"the request body is larger than {limit // 2**20} MiB",
-                        "invalid_request_error", "body_too_large")  # fmt: skip
+    return openai_error(
+        413,
+        f"the request body is larger than {limit // 2**20} MiB",
+        "invalid_request_error",
+        "body_too_large",
+    )
 
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 409: "conflict_error", 422: "invalid_request_error",
-          429: "rate_limit_error"}  # fmt: skip
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
 
 
 def error_type(status: int) -> str:
@@ -61,8 +78,13 @@ def from_upstream(status: int, raw: bytes) -> JSONResponse:
     err = doc.get("error") if isinstance(doc, dict) else None
     if isinstance(err, dict) and isinstance(err.get("message"), str):
         param = err.get("param")
-        return openai_error(status, err["message"], str(err.get("type") or error_type(status)),
-                            _code(err.get("code")), param if isinstance(param, str) else None)  # fmt: skip
+        return openai_error(
+            status,
+            err["message"],
+            str(err.get("type") or error_type(status)),
+            _code(err.get("code")),
+            param if isinstance(param, str) else None,
+        )
     detail = doc.get("detail") if isinstance(doc, dict) else None
     if isinstance(detail, str):
         message = detail

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import httpx
 from fastapi import APIRouter, Request
@@ -54,9 +54,13 @@ def prompt_of(body: dict) -> str:
 
 class Gateway:
     def __init__(
-        self, table: EndpointTable, authenticate: Callable, clock=time.time,
-        hold_timeout_s: float = 120.0, metrics=None,
-    ):  # fmt: skip
+        self,
+        table: EndpointTable,
+        authenticate: Callable,
+        clock=time.time,
+        hold_timeout_s: float = 120.0,
+        metrics=None,
+    ):
         self.table, self.authenticate, self.clock = table, authenticate, clock
         self.metrics = metrics  # control.metrics.Metrics, or None
         self.hold_timeout_s = hold_timeout_s
@@ -93,16 +97,26 @@ class Gateway:
                 return errors.unauthorized()
             home = who.team or "default"
             data = [
-                {"id": ep.name if ep.team == home else f"{ep.team}/{ep.name}",
-                 "object": "model", "created": 0, "owned_by": ep.team}
-                for ep in self.table.all() if who.is_admin or ep.team == who.team
-            ]  # fmt: skip
+                {
+                    "id": ep.name if ep.team == home else f"{ep.team}/{ep.name}",
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": ep.team,
+                }
+                for ep in self.table.all()
+                if who.is_admin or ep.team == who.team
+            ]
             return {"object": "list", "data": data}
 
         for path in ROUTES:
-            r.add_api_route(f"/v1/{path}", self._handler(path), methods=["POST"],
-                            openapi_extra=openapi_extra(path), responses=ERROR_RESPONSES,
-                            summary=f"OpenAI {path.replace('/', ' ')} through a service's replicas")  # fmt: skip
+            r.add_api_route(
+                f"/v1/{path}",
+                self._handler(path),
+                methods=["POST"],
+                openapi_extra=openapi_extra(path),
+                responses=ERROR_RESPONSES,
+                summary=f"OpenAI {path.replace('/', ' ')} through a service's replicas",
+            )
         return r
 
     def _who(self, request: Request):
@@ -151,8 +165,9 @@ class Gateway:
 
         return handle
 
-    async def _forward(self, ep: ServiceEndpoints, path: str, raw: bytes, body: dict,
-                       request: Request):  # fmt: skip
+    async def _forward(
+        self, ep: ServiceEndpoints, path: str, raw: bytes, body: dict, request: Request
+    ):
         team, name = ep.team, ep.name
         held = not ep.replicas
         self.table.request_started(team, name, self.clock(), held=held)
@@ -190,21 +205,27 @@ class Gateway:
             while True:
                 ep = self.table.get(team, name)
                 if ep is None:
-                    return None, errors.unavailable(f"service '{name}' was deleted while the "
-                                                    "request waited for a replica")  # fmt: skip
+                    return None, errors.unavailable(
+                        f"service '{name}' was deleted while the request waited for a replica"
+                    )
                 if ep.replicas:
                     return ep, None
                 if self.clock() > deadline:
                     return None, errors.timed_out(
-                        f"no replica of '{name}' became ready within {self.hold_timeout_s:g} s")
+                        f"no replica of '{name}' became ready within {self.hold_timeout_s:g} s"
+                    )
                 await asyncio.sleep(0.05)
         finally:
             self.table.unheld(team, name)
 
     async def _try_replicas(self, ep, path, raw, body, request):
         policy = self.policy(ep)
-        route = RouteRequest(now=self.clock(), prompt=prompt_of(body), user=body.get("user"),
-                             headers={k.lower(): v for k, v in request.headers.items()})  # fmt: skip
+        route = RouteRequest(
+            now=self.clock(),
+            prompt=prompt_of(body),
+            user=body.get("user"),
+            headers={k.lower(): v for k, v in request.headers.items()},
+        )
         reps = {r.replica_id: r for r in ep.replicas}
         candidates = policy.choose_replicas(route, [ReplicaState(rid) for rid in reps])
         content_type = request.headers.get("content-type", "application/json")
@@ -215,8 +236,9 @@ class Gateway:
             headers = {"content-type": content_type, SECRET_HEADER: reps[rid].secret}
             try:
                 upstream = await self.client.send(
-                    self.client.build_request("POST", f"{reps[rid].url}/v1/{path}", content=raw,
-                                              headers=headers),  # fmt: skip
+                    self.client.build_request(
+                        "POST", f"{reps[rid].url}/v1/{path}", content=raw, headers=headers
+                    ),
                     stream=True,
                 )
             except httpx.HTTPError as exc:
@@ -307,8 +329,9 @@ class _ProxiedStream(StreamingResponse):
                 await background()
 
 
-def _passthrough(upstream: httpx.Response, on_first: Callable[[], None],
-                 on_done: Callable[[], None]) -> StreamingResponse:  # fmt: skip
+def _passthrough(
+    upstream: httpx.Response, on_first: Callable[[], None], on_done: Callable[[], None]
+) -> StreamingResponse:
     async def body():
         first = True
         async for chunk in upstream.aiter_raw():
@@ -321,10 +344,14 @@ def _passthrough(upstream: httpx.Response, on_first: Callable[[], None],
         await upstream.aclose()
         on_done()
 
-    keep = {k: v for k, v in upstream.headers.items()
-            if k.lower() in ("content-type", "content-encoding", "cache-control", "x-request-id")}  # fmt: skip
-    return _ProxiedStream(body(), status_code=upstream.status_code,
-                          headers=keep, background=BackgroundTask(close))  # fmt: skip
+    keep = {
+        k: v
+        for k, v in upstream.headers.items()
+        if k.lower() in ("content-type", "content-encoding", "cache-control", "x-request-id")
+    }
+    return _ProxiedStream(
+        body(), status_code=upstream.status_code, headers=keep, background=BackgroundTask(close)
+    )
 
 
 __all__ = ["Gateway", "JSONResponse"]

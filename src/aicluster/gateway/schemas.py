@@ -62,16 +62,27 @@ BODIES: dict[str, type[BaseModel]] = {
 }
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": OpenAIError, "description": "the body is not a JSON object, nests too "
-          "deeply, or has no `model`; or the engine refused a field"},  # fmt: skip
+    400: {
+        "model": OpenAIError,
+        "description": "the body is not a JSON object, nests too "
+        "deeply, or has no `model`; or the engine refused a field",
+    },
     401: {"model": OpenAIError, "description": "missing or invalid API token"},
-    404: {"model": OpenAIError, "description": "no such model for this caller (another "
-          "team's service is not found), or the engine's own 404"},  # fmt: skip
+    404: {
+        "model": OpenAIError,
+        "description": "no such model for this caller (another "
+        "team's service is not found), or the engine's own 404",
+    },
     413: {"model": OpenAIError, "description": "the body is larger than the gateway accepts"},
-    503: {"model": OpenAIError, "description": "no replica could answer, or the service was "
-          "deleted while the request waited for one"},  # fmt: skip
-    504: {"model": OpenAIError, "description": "no replica became ready within the hold time "
-          "(scale from zero)"},  # fmt: skip
+    503: {
+        "model": OpenAIError,
+        "description": "no replica could answer, or the service was "
+        "deleted while the request waited for one",
+    },
+    504: {
+        "model": OpenAIError,
+        "description": "no replica became ready within the hold time (scale from zero)",
+    },
 }
 
 
@@ -81,8 +92,7 @@ def openapi_extra(path: str) -> dict[str, Any]:
     defs = schema.pop("$defs", {})
     for name, sub in defs.items():  # inline the few nested models
         _inline(schema, f"#/components/schemas/{name}", sub)
-    return {"requestBody": {"required": True,
-                            "content": {"application/json": {"schema": schema}}}}  # fmt: skip
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 def _inline(node: Any, ref: str, sub: dict) -> None:

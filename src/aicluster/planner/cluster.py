@@ -91,11 +91,7 @@ def topology(pools: list[Pool]) -> str:
     shapes = sorted({p.node.key for p in pools if p.nodes})
     if nodes <= 1:
         gpus = sum(p.gpus_used for p in pools)
-        return (
-            "single node, one GPU"
-            if gpus <= 1
-            else f"single node, multi-GPU ({gpus} GPUs)"
-        )
+        return "single node, one GPU" if gpus <= 1 else f"single node, multi-GPU ({gpus} GPUs)"
     if len(shapes) > 1:
         return f"hybrid: specialised nodes ({', '.join(shapes)})"
     return f"multi-node ({nodes} x {shapes[0]})"

@@ -183,9 +183,7 @@ def build_record(section: str, key: str, data: dict[str, Any]) -> Any:
         missing = [
             f.name
             for f in fields(cls)
-            if f.name not in kwargs
-            and f.default is MISSING
-            and f.default_factory is MISSING
+            if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING
         ]
         where = f"{section}.{key}.{missing[0]}" if missing else f"{section}.{key}"
         raise CatalogError(where, "missing" if missing else str(exc)) from None
@@ -207,9 +205,7 @@ def _check_positive(section: str, record: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if value < 0 or math.isnan(value):
-            raise CatalogError(
-                f"{section}.{record.key}.{f.name}", "must not be negative"
-            )
+            raise CatalogError(f"{section}.{record.key}.{f.name}", "must not be negative")
 
 
 @dataclass(frozen=True)
@@ -227,18 +223,12 @@ class Catalog:
     def get(self, section: str, key: str) -> Any:
         if not self.has(section, key):
             known = ", ".join(self.names(section)) or "none"
-            raise CatalogError(
-                f"{section}.{key}", f"not in the catalog; known: {known}"
-            )
+            raise CatalogError(f"{section}.{key}", f"not in the catalog; known: {known}")
         return build_record(section, key, self.entries[section][key])
 
-    def with_overrides(
-        self, overrides: dict[str, dict[str, dict[str, Any]]]
-    ) -> Catalog:
+    def with_overrides(self, overrides: dict[str, dict[str, dict[str, Any]]]) -> Catalog:
         """A new catalog where each override entry is merged field by field."""
-        merged = {
-            s: {k: dict(v) for k, v in e.items()} for s, e in self.entries.items()
-        }
+        merged = {s: {k: dict(v) for k, v in e.items()} for s, e in self.entries.items()}
         for section, items in overrides.items():
             for key, data in items.items():
                 base = merged.setdefault(section, {}).setdefault(key, {})

@@ -144,9 +144,7 @@ def decode_step_s(r: ServeRequest, a: Assumptions, tp: int, batch: int) -> float
     context = r.prompt_tokens + r.output_tokens / 2  # average context while decoding
     kv = batch * context * kv_bytes_per_token(r.model, r.kv_precision)
     bytes_read = weights_read_per_step(r.model, r.precision, batch) + kv
-    mem_s = bytes_read / (
-        tp * r.gpu.memory_bandwidth_gb_s * 1e9 * a.bandwidth_efficiency
-    )
+    mem_s = bytes_read / (tp * r.gpu.memory_bandwidth_gb_s * 1e9 * a.bandwidth_efficiency)
     flops = batch * forward_flops_per_token(r.model, context)
     peak = r.gpu.peak_flops(r.precision) * tp * a.prefill_efficiency
     return max(mem_s, flops / peak) + _tp_comm_s(r.model, r.gpu, tp, batch)
@@ -185,18 +183,14 @@ def evaluate(r: ServeRequest, a: Assumptions, tp: int, pp: int) -> ServeOption:
     """Memory, latency and replica count of one layout."""
     m = r.model
     n = tp * pp
-    usable = (
-        r.gpu.memory_bytes * a.gpu_memory_utilization - a.runtime_overhead_gib * GIB
-    )
+    usable = r.gpu.memory_bytes * a.gpu_memory_utilization - a.runtime_overhead_gib * GIB
     w_gpu = weight_bytes(m, r.precision) / n
     # K/V heads are split over tp ranks (replicated once tp exceeds kv_heads), layers over pp.
     kv_gpu_token = kv_bytes_per_token(m, r.kv_precision) / (min(tp, m.n_kv_heads) * pp)
     kv_capacity = max(0.0, usable - w_gpu) / kv_gpu_token
     seq_tokens = r.prompt_tokens + r.output_tokens
     fits = kv_capacity >= r.context_length and w_gpu < usable
-    max_batch = (
-        int(min(kv_capacity // max(1, seq_tokens), a.max_num_seqs)) if fits else 0
-    )
+    max_batch = int(min(kv_capacity // max(1, seq_tokens), a.max_num_seqs)) if fits else 0
     batch = _largest_batch(r, a, tp, max_batch)
     latency_batch = max(1, batch)
     ttft = prefill_s(r, a, tp)
@@ -239,9 +233,7 @@ def _replicas(r: ServeRequest, a: Assumptions, rps: float, batch: int) -> int:
     """
     need = r.min_replicas
     if r.requests_per_second and rps > 0:
-        need = max(
-            need, math.ceil(r.requests_per_second / (rps * a.utilization) - 1e-9)
-        )
+        need = max(need, math.ceil(r.requests_per_second / (rps * a.utilization) - 1e-9))
     if r.concurrent_users and batch > 0:
         need = max(need, math.ceil(r.concurrent_users / (batch * a.utilization) - 1e-9))
     return need
@@ -252,9 +244,7 @@ def plan_serving(r: ServeRequest, a: Assumptions, max_pp: int = 16) -> ServePlan
     meets the latency targets (ties: fewer GPUs per replica). Pipeline stages are tried only
     with whole nodes of tensor parallelism, when one node cannot hold the model."""
     m = r.model
-    tps = (
-        [r.tensor_parallel] if r.tensor_parallel else _tp_candidates(m, r.gpus_per_node)
-    )
+    tps = [r.tensor_parallel] if r.tensor_parallel else _tp_candidates(m, r.gpus_per_node)
     layouts = [(tp, r.pipeline_parallel or 1) for tp in tps]
     options = [evaluate(r, a, tp, pp) for tp, pp in layouts]
     if not r.pipeline_parallel and not any(o.fits for o in options):
@@ -266,20 +256,14 @@ def plan_serving(r: ServeRequest, a: Assumptions, max_pp: int = 16) -> ServePlan
                 break
     fitting = [o for o in options if o.fits]
     good = [o for o in fitting if o.latency_ok] or fitting
-    chosen = (
-        min(good, key=lambda o: (o.total_gpus, o.gpus_per_replica)) if good else None
-    )
+    chosen = min(good, key=lambda o: (o.total_gpus, o.gpus_per_replica)) if good else None
     counts = param_counts(m)
     kv_tok = kv_bytes_per_token(m, r.kv_precision)
     notes = []
     if chosen and not chosen.latency_ok:
-        notes.append(
-            "latency targets are not met by any layout that fits; showing the fastest fit"
-        )
+        notes.append("latency targets are not met by any layout that fits; showing the fastest fit")
     if chosen and chosen.pp > 1:
-        notes.append(
-            f"needs {chosen.pp} pipeline stages across nodes (tp={chosen.tp} per node)"
-        )
+        notes.append(f"needs {chosen.pp} pipeline stages across nodes (tp={chosen.tp} per node)")
     return ServePlan(
         request=r,
         params=counts.total,

@@ -44,9 +44,7 @@ class PlanInputs:
     storage: Storage
     serve: tuple[ServeRequest, ...]
     train: tuple[TrainRequest, ...]
-    node_of: dict[str, NodeShape] = field(
-        default_factory=dict
-    )  # workload name -> node shape
+    node_of: dict[str, NodeShape] = field(default_factory=dict)  # workload name -> node shape
     catalog: Catalog | None = None
 
     def node_network_gb_s(self, node: NodeShape) -> float:
@@ -115,9 +113,7 @@ class _Resolver:
             return ModelShape(key=w.name, name=f"{w.name} (architecture)", **data)
         return self.get("models", w.model or "", f"{where}.model")
 
-    def node(
-        self, w: ServeWorkload | TrainWorkload, where: str
-    ) -> tuple[NodeShape, Gpu] | None:
+    def node(self, w: ServeWorkload | TrainWorkload, where: str) -> tuple[NodeShape, Gpu] | None:
         key = w.node or self.spec.hardware.node
         node = self.get("nodes", key, f"{where}.node" if w.node else "hardware.node")
         if node is None:
@@ -176,9 +172,7 @@ def resolve(spec: PlanSpec, catalog: Catalog) -> PlanInputs:
     )
 
 
-def _serve_request(
-    w: ServeWorkload, model: ModelShape, gpu: Gpu, node: NodeShape
-) -> ServeRequest:
+def _serve_request(w: ServeWorkload, model: ModelShape, gpu: Gpu, node: NodeShape) -> ServeRequest:
     kv = w.kv_precision or ("fp8" if w.precision == "fp8" else "bf16")
     return ServeRequest(
         name=w.name,
@@ -217,9 +211,7 @@ def _train_request(
         tokens=w.tokens * w.epochs,
         method=w.method,
         sequence_length=w.sequence_length,
-        global_batch_tokens=int(
-            w.global_batch_tokens or DEFAULT_BATCH_TOKENS[w.method]
-        ),
+        global_batch_tokens=int(w.global_batch_tokens or DEFAULT_BATCH_TOKENS[w.method]),
         micro_batch=w.micro_batch,
         lora_rank=w.lora_rank,
         lora_targets=w.lora_targets,

@@ -42,9 +42,7 @@ def inventory(nodes: list[dict], catalog: Catalog) -> tuple[list[InvNode], list[
         model = str(n.get("gpu_model") or "")
         gpu = catalog.gpu_for_model_name(model) if model else None
         if gpu is None:
-            notes.append(
-                f"{name}: GPU model {model or 'unknown'!r} is not in the catalog, skipped"
-            )
+            notes.append(f"{name}: GPU model {model or 'unknown'!r} is not in the catalog, skipped")
             continue
         out.append(InvNode(name, gpus, max(0, gpus - used), model, gpu, n.get("pool")))
     return out, notes
@@ -84,9 +82,7 @@ def _fit_serve(inputs: PlanInputs, r, kinds: dict[str, list[InvNode]]) -> dict:
     best = None
     for key, group in sorted(kinds.items()):
         per_node = max(n.gpus for n in group)
-        sp = plan_serving(
-            replace(r, gpu=group[0].gpu, gpus_per_node=per_node), inputs.assumptions
-        )
+        sp = plan_serving(replace(r, gpu=group[0].gpu, gpus_per_node=per_node), inputs.assumptions)
         if not sp.chosen or sp.chosen.pp > 1:
             continue
         c = sp.chosen
@@ -112,9 +108,7 @@ def _fit_serve(inputs: PlanInputs, r, kinds: dict[str, list[InvNode]]) -> dict:
         "replicas_placed": placed,
         "replica_requests_per_s": c.replica_rps,
         "placement": placement,
-        "reason": None
-        if ok
-        else f"only {placed} of {c.replicas} replicas fit in the free GPUs",
+        "reason": None if ok else f"only {placed} of {c.replicas} replicas fit in the free GPUs",
     }
 
 

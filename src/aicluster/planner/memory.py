@@ -69,13 +69,7 @@ class ParamCounts:
 
     @property
     def active(self) -> float:
-        return (
-            self.embedding
-            + self.lm_head
-            + self.attention
-            + self.mlp_active
-            + self.norms
-        )
+        return self.embedding + self.lm_head + self.attention + self.mlp_active + self.norms
 
     @property
     def linear(self) -> float:
@@ -105,9 +99,7 @@ def param_counts(m: ModelShape) -> ParamCounts:
     lm_head = 0 if m.tied_embeddings else m.vocab_size * h
     norms = L * 2 * h + h
     counts = ParamCounts(embedding, lm_head, attention, mlp, mlp_active, norms)
-    if (
-        m.params
-    ):  # published total overrides the shape; scale the block weights to match
+    if m.params:  # published total overrides the shape; scale the block weights to match
         extra = m.params - counts.total
         scale = 1 + extra / counts.linear if counts.linear else 1
         counts = ParamCounts(
@@ -174,13 +166,7 @@ class TrainingMemory:
 
     @property
     def total(self) -> float:
-        return (
-            self.weights
-            + self.gradients
-            + self.optimizer
-            + self.activations
-            + self.overhead
-        )
+        return self.weights + self.gradients + self.optimizer + self.activations + self.overhead
 
     def as_dict(self) -> dict[str, float]:
         return {

@@ -53,15 +53,11 @@ def network_pitfall(
     if share > 1:
         return Pitfall("slow_network", "error", "network-bound: " + text, name)
     if share > COMM_SHARE_WARN:
-        return Pitfall(
-            "slow_network", "warning", "only perfect overlap hides it: " + text, name
-        )
+        return Pitfall("slow_network", "warning", "only perfect overlap hides it: " + text, name)
     return None
 
 
-def storage_pitfalls(
-    name: str, cold_s: float, nodes: int, warm_s: float, one_node_s: float
-):
+def storage_pitfalls(name: str, cold_s: float, nodes: int, warm_s: float, one_node_s: float):
     out = []
     if cold_s > COLD_LOAD_WARN_S:
         out.append(

@@ -73,13 +73,14 @@ def _serve(inputs: PlanInputs) -> list[ServeResult]:
         nodes = 0
         dist = None
         if sp.chosen:
-            nodes = serve_nodes(
-                sp.chosen.replicas, sp.chosen.gpus_per_replica, node.gpus
-            )
+            nodes = serve_nodes(sp.chosen.replicas, sp.chosen.gpus_per_replica, node.gpus)
             dist = distribute(
-                sp.weight_bytes, nodes, inputs.storage.read_gb_s,
-                inputs.node_network_gb_s(node), node.nvme_read_gb_s,
-            )  # fmt: skip
+                sp.weight_bytes,
+                nodes,
+                inputs.storage.read_gb_s,
+                inputs.node_network_gb_s(node),
+                node.nvme_read_gb_s,
+            )
         out.append(ServeResult(sp, node, nodes, dist))
     return out
 
@@ -108,9 +109,7 @@ def _pools(serve: list[ServeResult], train: list[TrainResult]) -> list[Pool]:
             (s.plan.request.name, s.node, s.nodes, used)
         )
         if c:
-            replicas.setdefault(s.node.key, []).extend(
-                [c.gpus_per_replica] * c.replicas
-            )
+            replicas.setdefault(s.node.key, []).extend([c.gpus_per_replica] * c.replicas)
     for t in train:
         groups.setdefault(("train", t.node.key), []).append(
             (t.plan.request.name, t.node, t.plan.nodes, t.plan.gpus)
@@ -230,14 +229,10 @@ def _pitfalls(inputs, serve, train, pools, fab, pc, total_nodes) -> list[Pitfall
                 )
             )
         have = inputs.node_network_gb_s(t.node) * 8
-        p = network_pitfall(
-            name, tp.step_comm_s, tp.step_compute_s, tp.break_even_gbit_s, have
-        )
+        p = network_pitfall(name, tp.step_comm_s, tp.step_compute_s, tp.break_even_gbit_s, have)
         if p:
             out.append(p)
-        p = checkpoint_pitfall(
-            name, t.checkpoint_write_s, a.checkpoint_interval_minutes
-        )
+        p = checkpoint_pitfall(name, t.checkpoint_write_s, a.checkpoint_interval_minutes)
         if p:
             out.append(p)
         target = tp.request.target_seconds
@@ -285,9 +280,7 @@ def _pitfalls(inputs, serve, train, pools, fab, pc, total_nodes) -> list[Pitfall
                 )
             )
     elif total_nodes == 1:
-        out.append(
-            Pitfall("single_point_of_failure", "warning", "everything runs on one node")
-        )
+        out.append(Pitfall("single_point_of_failure", "warning", "everything runs on one node"))
     for p in pools:
         if nodes_per_rack(p.node, a.rack_power_kw) == 0:
             out.append(
@@ -374,9 +367,7 @@ def _serve_dict(s: ServeResult) -> dict:
         },
         "throughput_curve": [
             {"replicas": n, "requests_per_s": rps}
-            for n, rps in throughput_curve(
-                sp, max(4, 2 * (sp.chosen.replicas if sp.chosen else 1))
-            )
+            for n, rps in throughput_curve(sp, max(4, 2 * (sp.chosen.replicas if sp.chosen else 1)))
         ],
         "notes": list(sp.notes),
     }

@@ -93,10 +93,6 @@ def power_and_cost(
     )
 
 
-def run_energy_usd(
-    node: NodeShape, nodes: int, seconds: float, a: Assumptions
-) -> float:
+def run_energy_usd(node: NodeShape, nodes: int, seconds: float, a: Assumptions) -> float:
     """Electricity for a training run: nodes x power x PUE x hours x tariff."""
-    return (
-        nodes * node.power_w / 1000 * a.pue * seconds / 3600 * a.electricity_usd_per_kwh
-    )
+    return nodes * node.power_w / 1000 * a.pue * seconds / 3600 * a.electricity_usd_per_kwh

@@ -35,13 +35,7 @@ def num(x: float | None, digits: int = 2) -> str:
 
 
 def ms(x: float | None) -> str:
-    return (
-        "-"
-        if x is None
-        else f"{x * 1000:,.0f} ms"
-        if x >= 0.01
-        else f"{x * 1000:.1f} ms"
-    )
+    return "-" if x is None else f"{x * 1000:,.0f} ms" if x >= 0.01 else f"{x * 1000:.1f} ms"
 
 
 def duration(seconds: float | None) -> str:
@@ -68,21 +62,27 @@ def serve_rows(d: dict) -> list[dict]:
     for s in d["serve"]:
         c = s["chosen"] or {}
         demand = s["demand"]
-        rows.append({
-            "workload": s["name"],
-            "model": f"{s['model']} ({s['precision']})",
-            "weights": gb(s["weight_bytes"]),
-            "kv/token": kib(s["kv_bytes_per_token"]),
-            "tp x pp": f"{c.get('tensor_parallel', '-')} x {c.get('pipeline_parallel', '-')}" if c else "does not fit",
-            "batch": str(c.get("batch", "-")),
-            "TTFT": ms(c.get("ttft_s")),
-            "TPOT": ms(c.get("tpot_s")),
-            "req/s per replica": num(c.get("replica_requests_per_s")),
-            "demand": f"{num(demand['requests_per_second'])} req/s" if demand["requests_per_second"] else f"{demand['concurrent_users'] or '-'} users",
-            "replicas": str(c.get("replicas", "-")),
-            "GPUs": str(c.get("total_gpus", "-")),
-            "nodes": str(s["nodes"]),
-        })  # fmt: skip
+        rows.append(
+            {
+                "workload": s["name"],
+                "model": f"{s['model']} ({s['precision']})",
+                "weights": gb(s["weight_bytes"]),
+                "kv/token": kib(s["kv_bytes_per_token"]),
+                "tp x pp": f"{c.get('tensor_parallel', '-')} x {c.get('pipeline_parallel', '-')}"
+                if c
+                else "does not fit",
+                "batch": str(c.get("batch", "-")),
+                "TTFT": ms(c.get("ttft_s")),
+                "TPOT": ms(c.get("tpot_s")),
+                "req/s per replica": num(c.get("replica_requests_per_s")),
+                "demand": f"{num(demand['requests_per_second'])} req/s"
+                if demand["requests_per_second"]
+                else f"{demand['concurrent_users'] or '-'} users",
+                "replicas": str(c.get("replicas", "-")),
+                "GPUs": str(c.get("total_gpus", "-")),
+                "nodes": str(s["nodes"]),
+            }
+        )
     return rows
 
 
@@ -94,20 +94,26 @@ def train_rows(d: dict) -> list[dict]:
         layout = "-"
         if lay:
             layout = f"{lay['strategy']} dp{lay['data_parallel']} tp{lay['tensor_parallel']} pp{lay['pipeline_parallel']}"
-        rows.append({
-            "workload": t["name"],
-            "model": f"{t['model']} ({t['method']})",
-            "trainable": num(t["trainable_params"]),
-            "tokens": num(t["tokens"]),
-            "FLOPs": f"{t['total_flops']:.2e}",
-            "GPUs": f"{t['gpus']} ({t['nodes']} nodes)",
-            "layout": layout,
-            "mem/GPU": f"{gb(mem)} of {gb(lay.get('gpu_memory_bytes'))}" if lay else "-",
-            "time": duration(t["seconds"]),
-            "comm/compute": f"{t['step_comm_s'] / t['step_compute_s']:.0%}" if t["nodes"] > 1 else "-",
-            "net needed": f"{t['break_even_gbit_s_per_node']:,.0f} Gb/s/node" if t["nodes"] > 1 else "-",
-            "checkpoint": f"{gb(t['checkpoint_bytes'])}, {duration(t['checkpoint_write_s'])}",
-        })  # fmt: skip
+        rows.append(
+            {
+                "workload": t["name"],
+                "model": f"{t['model']} ({t['method']})",
+                "trainable": num(t["trainable_params"]),
+                "tokens": num(t["tokens"]),
+                "FLOPs": f"{t['total_flops']:.2e}",
+                "GPUs": f"{t['gpus']} ({t['nodes']} nodes)",
+                "layout": layout,
+                "mem/GPU": f"{gb(mem)} of {gb(lay.get('gpu_memory_bytes'))}" if lay else "-",
+                "time": duration(t["seconds"]),
+                "comm/compute": f"{t['step_comm_s'] / t['step_compute_s']:.0%}"
+                if t["nodes"] > 1
+                else "-",
+                "net needed": f"{t['break_even_gbit_s_per_node']:,.0f} Gb/s/node"
+                if t["nodes"] > 1
+                else "-",
+                "checkpoint": f"{gb(t['checkpoint_bytes'])}, {duration(t['checkpoint_write_s'])}",
+            }
+        )
     return rows
 
 
@@ -118,15 +124,27 @@ def cluster_rows(d: dict) -> list[tuple[str, str]]:
         ("topology", d["topology"]),
         ("nodes", f"{t['nodes']} ({pools})"),
         ("GPUs", f"{t['gpus']} ({t['gpus_used']} used by the workloads)"),
-        ("network", f"{net['name']}: {net['ports']} ports, {net['leaf_switches']} leaf + {net['spine_switches']} spine switches"),
+        (
+            "network",
+            f"{net['name']}: {net['ports']} ports, {net['leaf_switches']} leaf + {net['spine_switches']} spine switches",
+        ),
         ("shared storage", f"{d['storage']['name']} ({d['storage']['read_gb_s']:g} GB/s read)"),
-        ("power", f"{t['it_kw']:,.1f} kW IT, {t['facility_kw']:,.1f} kW facility (PUE {d['assumptions']['pue']:g})"),
+        (
+            "power",
+            f"{t['it_kw']:,.1f} kW IT, {t['facility_kw']:,.1f} kW facility (PUE {d['assumptions']['pue']:g})",
+        ),
         ("cooling", f"{t['cooling_btu_per_hour']:,.0f} BTU/h"),
         ("racks", f"{t['racks']} at {d['assumptions']['rack_power_kw']:g} kW each"),
-        ("capital cost", f"{usd(t['capex_usd'])} (nodes {usd(t['node_capex_usd'])}, network {usd(t['network_capex_usd'])})"
-            + (f"; budget {usd(t['budget_usd'])}" if t["budget_usd"] else "")),
-        ("monthly cost", f"{usd(t['monthly_usd'])} (energy {usd(t['energy_usd_per_month'])}, amortisation {usd(t['amortization_usd_per_month'])})"),
-    ]  # fmt: skip
+        (
+            "capital cost",
+            f"{usd(t['capex_usd'])} (nodes {usd(t['node_capex_usd'])}, network {usd(t['network_capex_usd'])})"
+            + (f"; budget {usd(t['budget_usd'])}" if t["budget_usd"] else ""),
+        ),
+        (
+            "monthly cost",
+            f"{usd(t['monthly_usd'])} (energy {usd(t['energy_usd_per_month'])}, amortisation {usd(t['amortization_usd_per_month'])})",
+        ),
+    ]
     for s in d["serve"]:
         load = s.get("model_load")
         if load:
@@ -173,9 +191,7 @@ def stacked_bars_svg(
         out.append(
             f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#ddd"/>'
         )
-        out.append(
-            f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{v:,.0f}</text>'
-        )
+        out.append(f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{v:,.0f}</text>')
     out.append(
         f'<text x="12" y="{top + plot_h / 2}" transform="rotate(-90 12 {top + plot_h / 2})" text-anchor="middle">{unit_name}</text>'
     )
@@ -226,16 +242,13 @@ def line_svg(
         out.append(
             f'<line x1="{left}" y1="{sy(v):.1f}" x2="{left + plot_w}" y2="{sy(v):.1f}" stroke="#ddd"/>'
         )
-        out.append(
-            f'<text x="{left - 4}" y="{sy(v) + 4:.1f}" text-anchor="end">{v:,.1f}</text>'
-        )
+        out.append(f'<text x="{left - 4}" y="{sy(v) + 4:.1f}" text-anchor="end">{v:,.1f}</text>')
     for x in xs:
         out.append(
             f'<text x="{sx(x):.1f}" y="{top + plot_h + 14}" text-anchor="middle">{x:g}</text>'
         )
     path = " ".join(
-        f"{'M' if i == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}"
-        for i, (x, y) in enumerate(points)
+        f"{'M' if i == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}" for i, (x, y) in enumerate(points)
     )
     out.append(f'<path d="{path}" fill="none" stroke="{PALETTE[0]}" stroke-width="2"/>')
     for x, y in points:
@@ -267,11 +280,7 @@ def charts(d: dict) -> list[str]:
             bars.append((s["name"], s["chosen"]["memory_per_gpu_bytes"]))
     for t in d["train"]:
         if t["layout"]:
-            mem = {
-                k: v
-                for k, v in t["layout"]["memory_per_gpu_bytes"].items()
-                if k != "total"
-            }
+            mem = {k: v for k, v in t["layout"]["memory_per_gpu_bytes"].items() if k != "total"}
             bars.append((t["name"], mem))
     if bars:
         out.append(stacked_bars_svg("Memory per GPU", bars))
@@ -290,9 +299,7 @@ def charts(d: dict) -> list[str]:
         )
     for t in d["train"]:
         pts = [(p["nodes"], p["days"]) for p in t["time_vs_nodes"]]
-        out.append(
-            line_svg(f"{t['name']}: training time against nodes", pts, "nodes", "days")
-        )
+        out.append(line_svg(f"{t['name']}: training time against nodes", pts, "nodes", "days"))
     t = d["totals"]
     out.append(
         stacked_bars_svg(
@@ -316,10 +323,7 @@ def _md_table(rows: list[dict]) -> list[str]:
         return []
     heads = list(rows[0])
     out = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    out += [
-        "| " + " | ".join(str(r[h]).replace("|", "\\|") for h in heads) + " |"
-        for r in rows
-    ]
+    out += ["| " + " | ".join(str(r[h]).replace("|", "\\|") for h in heads) + " |" for r in rows]
     return out + [""]
 
 
@@ -343,9 +347,7 @@ def markdown(d: dict, with_charts: bool = True) -> str:
         out += ["## Serving", ""] + _md_table(serve_rows(d))
     if d["train"]:
         out += ["## Training", ""] + _md_table(train_rows(d))
-    out += ["## Cluster", ""] + _md_table(
-        [{"": k, "value": v} for k, v in cluster_rows(d)]
-    )
+    out += ["## Cluster", ""] + _md_table([{"": k, "value": v} for k, v in cluster_rows(d)])
     out += ["## Pitfalls", ""]
     out += [
         f"- **{p['severity']}** `{p['code']}`"
@@ -353,9 +355,7 @@ def markdown(d: dict, with_charts: bool = True) -> str:
         + f": {p['message']}"
         for p in d["pitfalls"]
     ] or ["- none found"]
-    out += ["", "## Assumptions", ""] + [
-        f"- `{k}` = {v}" for k, v in d["assumptions"].items()
-    ]
+    out += ["", "## Assumptions", ""] + [f"- `{k}` = {v}" for k, v in d["assumptions"].items()]
     out += ["", "## Sources", ""] + [f"- {k}: {v}" for k, v in _sources(d)]
     out += [
         "",
@@ -414,10 +414,7 @@ def html_report(d: dict) -> str:
     parts.append("</ul><h2>Charts</h2>")
     parts += charts(d)
     parts.append("<h2>Assumptions</h2><ul>")
-    parts += [
-        f"<li><code>{e(k)}</code> = {e(str(v))}</li>"
-        for k, v in d["assumptions"].items()
-    ]
+    parts += [f"<li><code>{e(k)}</code> = {e(str(v))}</li>" for k, v in d["assumptions"].items()]
     parts.append("</ul><h2>Sources</h2><ul>")
     parts += [f"<li>{e(k)}: {e(v)}</li>" for k, v in _sources(d)]
     parts.append("</ul></body></html>")

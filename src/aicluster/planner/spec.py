@@ -32,20 +32,16 @@ _SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 def parse_count(value: object) -> float:
     """A positive count from a number or text like `15.6T`, `300B`, `2e12`."""
     if isinstance(value, bool):
-        raise ValueError("expected a number such as 2e12 or 300B")  # noqa: TRY004 (pydantic reports ValueError)
+        raise ValueError("expected a number such as 2e12 or 300B")
     if isinstance(value, (int, float)):
         number = float(value)
     elif isinstance(value, str):
-        m = re.fullmatch(
-            r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]?)\s*", value
-        )
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]?)\s*", value)
         if not m or m.group(2).lower() not in _SUFFIX:
-            raise ValueError(
-                f"invalid count {value!r}: use a number or a size like 300B, 2T"
-            )
+            raise ValueError(f"invalid count {value!r}: use a number or a size like 300B, 2T")
         number = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
     else:
-        raise ValueError("expected a number such as 2e12 or 300B")  # noqa: TRY004 (pydantic reports ValueError)
+        raise ValueError("expected a number such as 2e12 or 300B")
     if not number > 0 or number == float("inf"):
         raise ValueError("must be a positive, finite number")
     return number
@@ -74,9 +70,7 @@ class Architecture(Strict):
     active_experts: PosInt = 1
     tied_embeddings: bool = False
     max_context: PosInt | None = None
-    params: Count | None = Field(
-        default=None, description="total; computed when omitted"
-    )
+    params: Count | None = Field(default=None, description="total; computed when omitted")
 
     @model_validator(mode="after")
     def _consistent(self) -> Architecture:
@@ -85,9 +79,7 @@ class Architecture(Strict):
         if self.kv_heads and self.attention_heads % self.kv_heads:
             raise ValueError("attention_heads must be a multiple of kv_heads")
         if self.head_dim is None and self.hidden_size % self.attention_heads:
-            raise ValueError(
-                "hidden_size must be a multiple of attention_heads (or set head_dim)"
-            )
+            raise ValueError("hidden_size must be a multiple of attention_heads (or set head_dim)")
         return self
 
 
@@ -113,20 +105,14 @@ class ModelOverride(Strict):
 
 class _Workload(Strict):
     name: str = Field(pattern=_NAME, description="lowercase letters, digits and '-'")
-    model: str | None = Field(
-        default=None, description="catalog model name, e.g. llama-3-8b"
-    )
+    model: str | None = Field(default=None, description="catalog model name, e.g. llama-3-8b")
     architecture: Architecture | None = None
-    node: str | None = Field(
-        default=None, description="node shape; default hardware.node"
-    )
+    node: str | None = Field(default=None, description="node shape; default hardware.node")
 
     @model_validator(mode="after")
     def _one_model(self):
         if (self.model is None) == (self.architecture is None):
-            raise ValueError(
-                "give exactly one of model (a catalog name) or architecture"
-            )
+            raise ValueError("give exactly one of model (a catalog name) or architecture")
         return self
 
 
@@ -135,19 +121,13 @@ class ServeWorkload(_Workload):
     kv_precision: KvPrecision | None = Field(
         default=None, description="default: bf16 (fp8 with fp8)"
     )
-    context_length: PosInt | None = Field(
-        default=None, description="default prompt+output"
-    )
+    context_length: PosInt | None = Field(default=None, description="default prompt+output")
     prompt_tokens: PosInt = 1000
     output_tokens: PosInt = 250
     requests_per_second: PosFloat | None = None
     concurrent_users: PosInt | None = None
-    ttft_ms: PosFloat | None = Field(
-        default=None, description="time to first token target"
-    )
-    tpot_ms: PosFloat | None = Field(
-        default=None, description="time per output token target"
-    )
+    ttft_ms: PosFloat | None = Field(default=None, description="time to first token target")
+    tpot_ms: PosFloat | None = Field(default=None, description="time per output token target")
     tensor_parallel: PosInt | None = None
     pipeline_parallel: PosInt | None = None
     min_replicas: PosInt = 1
@@ -156,13 +136,8 @@ class ServeWorkload(_Workload):
     def _demand(self) -> ServeWorkload:
         if self.requests_per_second is not None and self.concurrent_users is not None:
             raise ValueError("give requests_per_second or concurrent_users, not both")
-        if (
-            self.context_length
-            and self.context_length < self.prompt_tokens + self.output_tokens
-        ):
-            raise ValueError(
-                "context_length must be at least prompt_tokens + output_tokens"
-            )
+        if self.context_length and self.context_length < self.prompt_tokens + self.output_tokens:
+            raise ValueError("context_length must be at least prompt_tokens + output_tokens")
         return self
 
 
@@ -182,9 +157,7 @@ class TrainWorkload(_Workload):
     pipeline_parallel: PosInt | None = None
     activation_checkpointing: Literal["none", "selective", "full"] = "selective"
     precision: Literal["bf16", "fp8"] = "bf16"
-    gpus: PosInt | None = Field(
-        default=None, description="fixed GPU count; default: derived"
-    )
+    gpus: PosInt | None = Field(default=None, description="fixed GPU count; default: derived")
     target_hours: PosFloat | None = None
     target_days: PosFloat | None = None
 
@@ -245,16 +218,10 @@ class StorageOverride(Strict):
 
 
 class Hardware(Strict):
-    node: str = Field(
-        default="dgx-h100", description="default node shape (catalog nodes)"
-    )
+    node: str = Field(default="dgx-h100", description="default node shape (catalog nodes)")
     network: str = Field(default="infiniband-ndr", description="node-to-node network")
-    shared_storage: str = Field(
-        default="nfs-25gbe", description="catalog storage entry"
-    )
-    nics_per_node: PosInt | None = Field(
-        default=None, description="default: the node shape's"
-    )
+    shared_storage: str = Field(default="nfs-25gbe", description="catalog storage entry")
+    nics_per_node: PosInt | None = Field(default=None, description="default: the node shape's")
     gpus: dict[str, GpuOverride] = Field(default_factory=dict)
     nodes: dict[str, NodeOverride] = Field(default_factory=dict)
     interconnects: dict[str, InterconnectOverride] = Field(default_factory=dict)
@@ -295,9 +262,7 @@ class PlanSpec(Strict):
         names = [w.name for w in (*self.serve, *self.train)]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(
-                f"workload names must be unique; repeated: {', '.join(dupes)}"
-            )
+            raise ValueError(f"workload names must be unique; repeated: {', '.join(dupes)}")
         return self
 
 

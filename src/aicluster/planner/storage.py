@@ -29,9 +29,7 @@ class Distribution:
     nodes: int
     cold_s: float
     warm_s: float
-    storage_bound: (
-        bool  # the shared storage, not the nodes' network, limits the cold load
-    )
+    storage_bound: bool  # the shared storage, not the nodes' network, limits the cold load
 
 
 def distribute(

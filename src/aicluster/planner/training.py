@@ -123,15 +123,11 @@ def training_flops(r: TrainRequest) -> float:
     return flops_per_token(r) * r.tokens
 
 
-def memory_per_gpu(
-    r: TrainRequest, a: Assumptions, strategy: str, dp: int, tp: int, pp: int
-):
+def memory_per_gpu(r: TrainRequest, a: Assumptions, strategy: str, dp: int, tp: int, pp: int):
     trainable, frozen = trainable_and_frozen(r)
     frozen_bits = WEIGHT_BITS["nf4"] if r.method == "qlora" else 16.0
     w, g, o = model_state_bytes(trainable, frozen, strategy, dp, tp * pp, frozen_bits)
-    act = activation_bytes(
-        r.model, r.sequence_length, r.micro_batch, tp, r.checkpointing
-    )
+    act = activation_bytes(r.model, r.sequence_length, r.micro_batch, tp, r.checkpointing)
     return TrainingMemory(w, g, o, act, a.runtime_overhead_gib * GIB)
 
 
@@ -142,11 +138,7 @@ def _layouts(r: TrainRequest, n: int) -> list[tuple[str, int, int]]:
     tps = (
         [r.tensor_parallel]
         if r.tensor_parallel
-        else [
-            t
-            for t in (1, 2, 4, 8)
-            if t <= r.gpus_per_node and r.model.attention_heads % t == 0
-        ]
+        else [t for t in (1, 2, 4, 8) if t <= r.gpus_per_node and r.model.attention_heads % t == 0]
     )
     pps = [r.pipeline_parallel] if r.pipeline_parallel else [1, 2, 4, 8, 16]
     out = []
@@ -203,9 +195,7 @@ def plan_training(r: TrainRequest, a: Assumptions) -> TrainPlan:
     if r.gpus:
         n = r.gpus
     else:
-        n = max(
-            _min_fitting_gpus(r, a), round_gpus(gpus_for_target or 1, r.gpus_per_node)
-        )
+        n = max(_min_fitting_gpus(r, a), round_gpus(gpus_for_target or 1, r.gpus_per_node))
     layout = choose_layout(r, a, n)
     nodes = math.ceil(n / r.gpus_per_node)
     trainable, _ = trainable_and_frozen(r)
@@ -237,18 +227,14 @@ def plan_training(r: TrainRequest, a: Assumptions) -> TrainPlan:
         steps=steps,
         seconds=seconds,
         compute_bound_seconds=flops / (n * peak * a.mfu),
-        break_even_gbit_s=(sync * 8 / 1e9 / a.network_efficiency / step_compute)
-        if sync
-        else 0.0,
+        break_even_gbit_s=(sync * 8 / 1e9 / a.network_efficiency / step_compute) if sync else 0.0,
         checkpoint_bytes=full_ckpt,
         gpus_for_target=gpus_for_target,
         notes=tuple(notes),
     )
 
 
-def time_vs_nodes(
-    r: TrainRequest, a: Assumptions, max_nodes: int
-) -> list[tuple[int, float]]:
+def time_vs_nodes(r: TrainRequest, a: Assumptions, max_nodes: int) -> list[tuple[int, float]]:
     """(nodes, days) for 1..max_nodes nodes, with the network bound included (for charts)."""
     out = []
     for nodes in range(1, max(1, max_nodes) + 1):

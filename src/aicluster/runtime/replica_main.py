@@ -67,8 +67,9 @@ def run_steps(plan: LaunchPlan, proc: subprocess.Popen) -> None:
             subprocess.run(step.argv, env=env, check=True, timeout=step.timeout_s)
         elif isinstance(step, HttpStep):
             _wait_healthy(base, plan.health_path, proc, step.timeout_s)
-            httpx.request(step.method, base + step.path, json=dict(step.json),
-                          timeout=step.timeout_s).raise_for_status()  # fmt: skip
+            httpx.request(
+                step.method, base + step.path, json=dict(step.json), timeout=step.timeout_s
+            ).raise_for_status()
 
 
 def _private_port() -> int:

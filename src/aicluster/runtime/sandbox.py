@@ -55,13 +55,20 @@ class SandboxPolicy:
     shared: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        return {"uid": self.uid, "gid": self.gid, "hidden": list(self.hidden), "shared": list(self.shared)}
+        return {
+            "uid": self.uid,
+            "gid": self.gid,
+            "hidden": list(self.hidden),
+            "shared": list(self.shared),
+        }
 
     @classmethod
     def from_dict(cls, d: dict | None) -> SandboxPolicy | None:
         if not d:
             return None
-        return cls(int(d["uid"]), int(d["gid"]), tuple(d.get("hidden", ())), tuple(d.get("shared", ())))
+        return cls(
+            int(d["uid"]), int(d["gid"]), tuple(d.get("hidden", ())), tuple(d.get("shared", ()))
+        )
 
 
 @dataclass
@@ -87,15 +94,19 @@ def node_hidden_paths(environ=os.environ) -> list[str]:
     return out
 
 
-def workload_env(job_env: dict[str, str], workdir: Path, uid: int | None, environ=os.environ) -> dict[str, str]:
+def workload_env(
+    job_env: dict[str, str], workdir: Path, uid: int | None, environ=os.environ
+) -> dict[str, str]:
     """The whole environment of a workload: allow-listed inheritance + the job's own."""
     env = {k: v for k, v in environ.items() if k in INHERITED or k.startswith(INHERITED_PREFIXES)}
     home = workdir.parent / "home"
     env.update(
         PATH=os.path.dirname(sys.executable) + os.pathsep + SYSTEM_PATH,
-        HOME=str(home), TMPDIR=str(workdir.parent / "tmp"), PYTHONUNBUFFERED="1",
+        HOME=str(home),
+        TMPDIR=str(workdir.parent / "tmp"),
+        PYTHONUNBUFFERED="1",
         USER=f"aic{uid}" if uid is not None else environ.get("USER", "aicluster"),
-    )  # fmt: skip
+    )
     env["LOGNAME"] = env["USER"]
     env.update(job_env)
     return env
@@ -106,7 +117,12 @@ def _python_roots() -> list[str]:
     source checkout of an editable install of aicluster."""
     import aicluster
 
-    roots = {sys.prefix, sys.base_prefix, os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
+    roots = {
+        sys.prefix,
+        sys.base_prefix,
+        os.path.realpath(sys.prefix),
+        os.path.realpath(sys.base_prefix),
+    }
     pkg = Path(aicluster.__file__).resolve().parent
     src = pkg.parent
     roots.add(str(src.parent if (src.parent / "pyproject.toml").exists() else src))
@@ -155,9 +171,15 @@ def bwrap_prefix(policy: SandboxPolicy, job_dir: Path) -> list[str]:
         argv += ["--bind", s, s]
     argv += ["--bind", str(job_dir), str(job_dir), "--chdir", str(job_dir / "workdir")]
     argv += [
-        "setpriv", f"--reuid={policy.uid}", f"--regid={policy.gid}", "--clear-groups",
-        "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--",
-    ]  # fmt: skip
+        "setpriv",
+        f"--reuid={policy.uid}",
+        f"--regid={policy.gid}",
+        "--clear-groups",
+        "--no-new-privs",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--",
+    ]
     return argv
 
 

@@ -62,8 +62,15 @@ class WorkerProcess:
     def node_address(self, host: str) -> tuple[str, int]:
         return host, free_port(host)
 
-    def start(self, command, env: dict[str, str], workdir: bytes | None,
-              inputs: list[dict] | None = None, storage=None, sandbox: dict | None = None) -> int:  # fmt: skip
+    def start(
+        self,
+        command,
+        env: dict[str, str],
+        workdir: bytes | None,
+        inputs: list[dict] | None = None,
+        storage=None,
+        sandbox: dict | None = None,
+    ) -> int:
         """`inputs`: [{"path", "env", "manifest": JSON bytes}] materialised read-only under
         the working directory first, from `storage` (a StorageConfig) via the node cache.
         `sandbox`: a SandboxPolicy as a dict (runtime.sandbox): who the command runs as
@@ -156,12 +163,14 @@ class WorkerProcess:
         target = self.dir / "workdir" / path
         if not target.exists():
             raise FileNotFoundError(f"output {path!r} does not exist in the working directory")
-        return [{"path": e.path, "size": e.size, "sha256": e.sha256} for e, _ in scan_folder(target)]
+        return [
+            {"path": e.path, "size": e.size, "sha256": e.sha256} for e, _ in scan_folder(target)
+        ]
 
     def upload_output(self, path: str, digests: list[str], storage) -> int:
         """Write the named blobs of the output to storage; returns the bytes written."""
-        from aicluster.store.artifacts.backend import open_backend
         from aicluster.artifacts.manifest import scan_folder
+        from aicluster.store.artifacts.backend import open_backend
 
         backend = open_backend(storage)
         want, written = set(digests), 0
@@ -182,14 +191,10 @@ def work_root(environ=os.environ) -> Path:
     return Path(base) / "aicluster-work"
 
 
-def node_cache_root() -> Path:
-    return Path(tempfile.gettempdir()) / f"aicluster-cache-{os.getuid()}"
-
-
 def materialise_input(item: dict, cwd: Path, storage) -> Path:
-    from aicluster.runtime.cache import BlobCache
-    from aicluster.store.artifacts.backend import open_backend
     from aicluster.artifacts.manifest import Manifest
+    from aicluster.runtime.cache import BlobCache, node_cache_root
+    from aicluster.store.artifacts.backend import open_backend
 
     manifest = Manifest.from_json(item["manifest"])
     cache = BlobCache(node_cache_root(), int(os.environ.get("AICLUSTER_CACHE_BYTES", 20 * 2**30)))

@@ -14,10 +14,23 @@ from aicluster.sim.traces import (
     load_philly,
     load_philly_vcs,
     synthetic,
-)  # fmt: skip
+)
 
 __all__ = [
-    "TINY_PHILLY_VCS", "Report", "SimCluster", "SimConfig", "SimResult", "TraceJob",
-    "build_nodes", "load_60_job", "load_philly", "load_philly_vcs", "percentile",
-    "shared_cluster", "simulate", "summarise", "synthetic", "team_cluster",
-]  # fmt: skip
+    "TINY_PHILLY_VCS",
+    "Report",
+    "SimCluster",
+    "SimConfig",
+    "SimResult",
+    "TraceJob",
+    "build_nodes",
+    "load_60_job",
+    "load_philly",
+    "load_philly_vcs",
+    "percentile",
+    "shared_cluster",
+    "simulate",
+    "summarise",
+    "synthetic",
+    "team_cluster",
+]

@@ -24,9 +24,14 @@ class SimCluster:
 
 
 def build_nodes(
-    count: int, gpus_per_node: int = 8, nodes_per_rack: int = 16, pool: str = "default",
-    cpus: float = 64.0, memory: int = 512 * GiB, gpu_model: str | None = None,
-) -> tuple[NodeView, ...]:  # fmt: skip
+    count: int,
+    gpus_per_node: int = 8,
+    nodes_per_rack: int = 16,
+    pool: str = "default",
+    cpus: float = 64.0,
+    memory: int = 512 * GiB,
+    gpu_model: str | None = None,
+) -> tuple[NodeView, ...]:
     """`count` identical nodes, `nodes_per_rack` to a rack (each node its own NVLink domain)."""
     return tuple(
         NodeView(
@@ -59,8 +64,6 @@ def team_cluster(
     return SimCluster(nodes, quotas)
 
 
-def shared_cluster(
-    nodes: int, gpus_per_node: int = 8, nodes_per_rack: int = 16
-) -> SimCluster:
+def shared_cluster(nodes: int, gpus_per_node: int = 8, nodes_per_rack: int = 16) -> SimCluster:
     """A cluster without quotas: one partition that every team shares."""
     return SimCluster(build_nodes(nodes, gpus_per_node, nodes_per_rack), ())

@@ -33,7 +33,7 @@ from aicluster.core.model import (
     RunningWorkload,
     Snapshot,
     Wait,
-)  # fmt: skip
+)
 from aicluster.core.policies.base import Policy
 from aicluster.core.scheduler import get_policy
 from aicluster.sim.cluster import SimCluster
@@ -45,9 +45,7 @@ class SimConfig:
     checkpoint_every_s: float | None = 1800.0
     restore_s: float = 60.0
     queue_depth: int = 32
-    min_interval_s: float = (
-        0.0  # a cycle at most this often (0: after every event batch)
-    )
+    min_interval_s: float = 0.0  # a cycle at most this often (0: after every event batch)
     runtime_limit_factor: float | None = None  # runtime limit = duration x factor
 
 
@@ -80,9 +78,7 @@ class SimResult:
 
 
 class _Sim:
-    def __init__(
-        self, jobs, cluster: SimCluster, policy: Policy, cfg: SimConfig
-    ) -> None:
+    def __init__(self, jobs, cluster: SimCluster, policy: Policy, cfg: SimConfig) -> None:
         self.cfg, self.policy, self.cluster = cfg, policy, cluster
         self.node_gpus = max((n.capacity.gpus for n in cluster.nodes), default=1) or 1
         self.records = [JobRecord(j, self._gang(j), j.duration) for j in jobs]
@@ -94,22 +90,23 @@ class _Sim:
         self.finishes: list[tuple[float, int, int]] = []  # (time, record, version)
         self.gpu_s: Counter = Counter()
         self.team_gpus: Counter = Counter()  # GPUs each team holds now
-        self.queued: dict[
-            str, list[float]
-        ] = {}  # team -> [seconds queued, GPU-s held then]
+        self.queued: dict[str, list[float]] = {}  # team -> [seconds queued, GPU-s held then]
         self.cycles = 0
 
     def _gang(self, j: TraceJob) -> GangRequest:
         workers, per = j.shape(self.node_gpus)
         limit = (
-            j.duration * self.cfg.runtime_limit_factor
-            if self.cfg.runtime_limit_factor
-            else None
+            j.duration * self.cfg.runtime_limit_factor if self.cfg.runtime_limit_factor else None
         )
         return GangRequest(
-            workload_id=j.job_id, team=j.team, workers=workers, per_worker=Res(1.0, 0, per),
-            priority=j.priority, submitted_at=j.submit, runtime_limit=limit,
-        )  # fmt: skip
+            workload_id=j.job_id,
+            team=j.team,
+            workers=workers,
+            per_worker=Res(1.0, 0, per),
+            priority=j.priority,
+            submitted_at=j.submit,
+            runtime_limit=limit,
+        )
 
     # -- queue ----------------------------------------------------------------------
 
@@ -130,9 +127,7 @@ class _Sim:
 
     def pending(self) -> tuple[GangRequest, ...]:
         d = self.cfg.queue_depth
-        return tuple(
-            self.records[e[3]].gang for q in self.queues.values() for e in q[:d]
-        )
+        return tuple(self.records[e[3]].gang for q in self.queues.values() for e in q[:d])
 
     # -- capacity -------------------------------------------------------------------
 
@@ -153,10 +148,12 @@ class _Sim:
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
-            nodes=tuple(self.views.values()), pending=self.pending(),
-            running=tuple(r for r, _ in self.running.values()), quotas=self.cluster.quotas,
+            nodes=tuple(self.views.values()),
+            pending=self.pending(),
+            running=tuple(r for r, _ in self.running.values()),
+            quotas=self.cluster.quotas,
             usage=tuple((t, p, r) for (t, p), r in self.usage.items() if r.gpus or r.cpus),
-        )  # fmt: skip
+        )
 
     # -- transitions ----------------------------------------------------------------
 
@@ -164,8 +161,9 @@ class _Sim:
         rec = self.records[i]
         self.dequeue(i)
         pool = self.views[placement[0]].pool
-        run = RunningWorkload(rec.gang, placement, now, pool=pool,
-                              checkpoint_every_s=self.cfg.checkpoint_every_s)  # fmt: skip
+        run = RunningWorkload(
+            rec.gang, placement, now, pool=pool, checkpoint_every_s=self.cfg.checkpoint_every_s
+        )
         self._hold(run, +1)
         self.running[rec.gang.workload_id] = (run, i)
         if rec.first_start is None:
@@ -250,9 +248,11 @@ class _Sim:
 
 
 def simulate(
-    jobs: list[TraceJob], cluster: SimCluster, policy: str | Policy = "fair",
+    jobs: list[TraceJob],
+    cluster: SimCluster,
+    policy: str | Policy = "fair",
     config: SimConfig | None = None,
-) -> SimResult:  # fmt: skip
+) -> SimResult:
     """Replay `jobs` on `cluster` under `policy`; every job ends finished or rejected."""
     p = get_policy(policy)
     sim = _Sim(jobs, cluster, p, config or SimConfig())
@@ -260,6 +260,11 @@ def simulate(
     unfinished = sum(1 for r in sim.records if r.finish is None and r.rejected is None)
     queued = {t: (v[0], v[1]) for t, v in sim.queued.items()}
     return SimResult(
-        p.name, sim.records, cluster, sim.cycles, gpu_s_by_team=dict(sim.gpu_s),
-        queued_by_team=queued, unfinished=unfinished,
-    )  # fmt: skip
+        p.name,
+        sim.records,
+        cluster,
+        sim.cycles,
+        gpu_s_by_team=dict(sim.gpu_s),
+        queued_by_team=queued,
+        unfinished=unfinished,
+    )

@@ -71,22 +71,28 @@ def summarise(result: SimResult) -> Report:
         for t in teams
     }
     return Report(
-        policy=result.policy, jobs=len(recs), finished=len(done),
-        rejected=sum(1 for r in recs if r.rejected), unfinished=result.unfinished,
+        policy=result.policy,
+        jobs=len(recs),
+        finished=len(done),
+        rejected=sum(1 for r in recs if r.rejected),
+        unfinished=result.unfinished,
         avg_jct=statistics.fmean(jct) if jct else 0.0,
-        median_jct=statistics.median(jct) if jct else 0.0, p99_jct=percentile(jct, 99),
-        avg_delay=statistics.fmean(delay) if delay else 0.0, p99_delay=percentile(delay, 99),
-        max_delay=max(delay, default=0.0), makespan=makespan,
+        median_jct=statistics.median(jct) if jct else 0.0,
+        p99_jct=percentile(jct, 99),
+        avg_delay=statistics.fmean(delay) if delay else 0.0,
+        p99_delay=percentile(delay, 99),
+        max_delay=max(delay, default=0.0),
+        makespan=makespan,
         utilisation=held / (gpus * makespan) if gpus and makespan else 0.0,
         preemptions=sum(r.preemptions for r in recs),
-        lost_gpu_h=sum(r.lost_gpu_s for r in recs) / 3600.0, cycles=result.cycles,
-        team_share=share, held_while_queued=_held_while_queued(result, guarantees),
-    )  # fmt: skip
+        lost_gpu_h=sum(r.lost_gpu_s for r in recs) / 3600.0,
+        cycles=result.cycles,
+        team_share=share,
+        held_while_queued=_held_while_queued(result, guarantees),
+    )
 
 
-def _held_while_queued(
-    result: SimResult, guarantees: dict[str, int]
-) -> dict[str, float]:
+def _held_while_queued(result: SimResult, guarantees: dict[str, int]) -> dict[str, float]:
     out = {}
     for team, (seconds, gpu_s) in sorted(result.queued_by_team.items()):
         if seconds > 0 and guarantees.get(team):

@@ -45,9 +45,7 @@ def _sorted(jobs: list[TraceJob]) -> list[TraceJob]:
     return jobs
 
 
-def load_philly_vcs(
-    path: str | Path, drop: tuple[str, ...] = TINY_PHILLY_VCS
-) -> dict[str, int]:
+def load_philly_vcs(path: str | Path, drop: tuple[str, ...] = TINY_PHILLY_VCS) -> dict[str, int]:
     """VC -> its size in 8-GPU nodes, from philly_vc.csv."""
     with open(path, newline="") as f:
         rows = {r["vc"]: int(r["node num"]) for r in csv.DictReader(f)}
@@ -66,17 +64,18 @@ def load_philly(
     with open(path, newline="") as f:
         for i, row in enumerate(csv.DictReader(f)):
             ts = row["timestamp"]
-            if (
-                not ts
-                or not (start <= ts < end)
-                or (teams and row["cluster"] not in teams)
-            ):
+            if not ts or not (start <= ts < end) or (teams and row["cluster"] not in teams):
                 continue
             submit = datetime.fromisoformat(ts).timestamp() - t0
             jobs.append(
-                TraceJob(f"p{i}", row["cluster"], submit, max(1.0, float(row["duration"])),
-                         max(1, int(row["num_gpus"])))
-            )  # fmt: skip
+                TraceJob(
+                    f"p{i}",
+                    row["cluster"],
+                    submit,
+                    max(1.0, float(row["duration"])),
+                    max(1, int(row["num_gpus"])),
+                )
+            )
     return _sorted(jobs)
 
 
@@ -85,11 +84,16 @@ def load_60_job(path: str | Path, team: str = "team") -> list[TraceJob]:
     with open(path, newline="") as f:
         return _sorted(
             [
-                TraceJob(f"j{r['job_id']}", team, float(r["submit_time"]),
-                         max(1.0, float(r["duration"])), max(1, int(r["num_gpu"])))
+                TraceJob(
+                    f"j{r['job_id']}",
+                    team,
+                    float(r["submit_time"]),
+                    max(1.0, float(r["duration"])),
+                    max(1, int(r["num_gpu"])),
+                )
                 for r in csv.DictReader(f)
             ]
-        )  # fmt: skip
+        )
 
 
 def synthetic(
@@ -117,7 +121,12 @@ def synthetic(
         t += rng.expovariate(1.0 / mean_interarrival)
         duration = max(1.0, median_duration * math.exp(rng.gauss(0.0, sigma)))
         jobs.append(
-            TraceJob(f"s{i}", rng.choices(names, weights)[0], round(t, 3), round(duration, 1),
-                     rng.choices(sizes, size_w)[0])
-        )  # fmt: skip
+            TraceJob(
+                f"s{i}",
+                rng.choices(names, weights)[0],
+                round(t, 3),
+                round(duration, 1),
+                rng.choices(sizes, size_w)[0],
+            )
+        )
     return _sorted(jobs)

@@ -12,19 +12,39 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from aicluster.spec.limits import (
-    MAX_ARGV_ITEMS, MAX_COMMAND_BYTES, MAX_CPUS, MAX_ENV_VALUE, MAX_ENV_VARS, MAX_GPUS,
-    MAX_LIST, MAX_MEMORY, MAX_SECONDS, MAX_TEXT,
-)  # fmt: skip
+    MAX_ARGV_ITEMS,
+    MAX_COMMAND_BYTES,
+    MAX_CPUS,
+    MAX_ENV_VALUE,
+    MAX_ENV_VARS,
+    MAX_GPUS,
+    MAX_LIST,
+    MAX_MEMORY,
+    MAX_SECONDS,
+    MAX_TEXT,
+)
 from aicluster.spec.names import NAME_PATTERN
 
 _NAME = NAME_PATTERN  # the one naming rule (spec.names), under its historical name here
 _UNITS = {
     "": 1,
-    "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-    "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}  # fmt: skip
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_memory(value: object) -> int:
@@ -74,10 +94,12 @@ class Resources(Strict):
 
     cpus: float = Field(default=1.0, ge=0, le=MAX_CPUS, description="CPU cores per worker")
     memory: Memory = Field(default=0, description="memory per worker, bytes or e.g. 2Gi")
-    gpus: int = Field(default=0, ge=0, le=MAX_GPUS, strict=True,
-                      description="whole GPUs per worker")  # fmt: skip
-    gpu_model: str | None = Field(default=None, max_length=128,
-                                  description="GPU model, e.g. A100 or H100")  # fmt: skip
+    gpus: int = Field(
+        default=0, ge=0, le=MAX_GPUS, strict=True, description="whole GPUs per worker"
+    )
+    gpu_model: str | None = Field(
+        default=None, max_length=128, description="GPU model, e.g. A100 or H100"
+    )
 
     @field_validator("gpu_model")
     @classmethod
@@ -98,10 +120,12 @@ class JobInput(Strict):
     """An artifact materialised read-only at `path` (relative to the working dir) before
     the command starts; `env` names a variable that holds its absolute path."""
 
-    artifact: str = Field(min_length=1, max_length=MAX_TEXT,
-                          description="[team/]name[:version|tag]")  # fmt: skip
-    path: str = Field(max_length=MAX_TEXT,
-                      description="where it appears, relative to the working directory")  # fmt: skip
+    artifact: str = Field(
+        min_length=1, max_length=MAX_TEXT, description="[team/]name[:version|tag]"
+    )
+    path: str = Field(
+        max_length=MAX_TEXT, description="where it appears, relative to the working directory"
+    )
     env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
     _path = field_validator("path")(lambda cls, v: _relative(v))
@@ -112,8 +136,9 @@ class JobOutput(Strict):
     when the job succeeds."""
 
     path: str = Field(max_length=MAX_TEXT)
-    artifact: str = Field(min_length=1, max_length=MAX_TEXT,
-                          description="[team/]name; a new version is created")  # fmt: skip
+    artifact: str = Field(
+        min_length=1, max_length=MAX_TEXT, description="[team/]name; a new version is created"
+    )
     kind: Literal["dataset", "checkpoint", "model"] = "model"
 
     _path = field_validator("path")(lambda cls, v: _relative(v))
@@ -135,7 +160,8 @@ class JobSpec(Strict):
     command: str | list[str] = Field(description="shell command, or an argv list")
     env: dict[str, EnvValue] = Field(default_factory=dict, max_length=MAX_ENV_VARS)
     working_dir: str | None = Field(
-        default=None, max_length=MAX_TEXT,
+        default=None,
+        max_length=MAX_TEXT,
         description="folder uploaded with the job, relative to the spec file",
     )
     priority: int = Field(default=0, ge=-1000, le=1000, strict=True)
@@ -156,8 +182,9 @@ class JobSpec(Strict):
             raise ValueError("command must not be empty")
         if isinstance(v, list) and len(v) > MAX_ARGV_ITEMS:
             raise ValueError(f"command must have at most {MAX_ARGV_ITEMS} arguments")
-        size = sum(len(a.encode("utf-8", "surrogatepass")) + 1 for a in
-                   ([v] if isinstance(v, str) else v))  # fmt: skip
+        size = sum(
+            len(a.encode("utf-8", "surrogatepass")) + 1 for a in ([v] if isinstance(v, str) else v)
+        )
         if size > MAX_COMMAND_BYTES:
             raise ValueError(f"command must be at most {MAX_COMMAND_BYTES // 1024} KiB")
         return v

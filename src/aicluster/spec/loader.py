@@ -93,9 +93,13 @@ class SpecLoader:
             mark = getattr(exc, "problem_mark", None)
             line = mark.line + 1 if mark else None
             problem = getattr(exc, "problem", None) or str(exc)
-            raise SpecError(source, [SpecIssue("(document)", f"invalid YAML: {problem}", line)])
+            raise SpecError(
+                source, [SpecIssue("(document)", f"invalid YAML: {problem}", line)]
+            ) from None
         if not isinstance(data, dict) or node is None:
-            raise SpecError(source, [SpecIssue("(document)", "expected a mapping with a 'kind'", 1)])
+            raise SpecError(
+                source, [SpecIssue("(document)", "expected a mapping with a 'kind'", 1)]
+            )
         return self.validate(data, source, _lines(node))
 
     def validate(self, data: dict, source: str = "<spec>", lines: dict | None = None) -> Any:

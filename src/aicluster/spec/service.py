@@ -43,7 +43,10 @@ class Autoscaling(Strict):
     upscale_delay_s: Seconds = 5.0
     downscale_delay_s: Seconds = 30.0
     scale_to_zero_after_s: float | None = Field(
-        default=None, gt=0, le=MAX_SECONDS, description="idle time before the last replica goes (needs min: 0)"
+        default=None,
+        gt=0,
+        le=MAX_SECONDS,
+        description="idle time before the last replica goes (needs min: 0)",
     )
 
 

@@ -5,7 +5,7 @@ written in one transaction, guarded by compare-and-set on the old status.
 """
 
 from aicluster.store import node_schema, quota_schema, service_schema  # noqa: F401 - tables
-from aicluster.store.db import Store, open_store
 from aicluster.store.artifacts import schema as _artifact_tables  # noqa: F401 - on Base.metadata
+from aicluster.store.db import Store, open_store
 
 __all__ = ["Store", "open_store"]

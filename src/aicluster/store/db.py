@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.engine import Engine
@@ -194,8 +194,13 @@ class Store:
             if s.get(UserRow, user) is None:
                 raise NotFound(f"user {user!r} does not exist")
             s.add(
-                TokenRow(user=user, digest=digest(token), prefix=token[:10], created_at=self.clock(),
-                         job_id=job_id)
+                TokenRow(
+                    user=user,
+                    digest=digest(token),
+                    prefix=token[:10],
+                    created_at=self.clock(),
+                    job_id=job_id,
+                )
             )
         return token
 
@@ -209,10 +214,23 @@ class Store:
             job = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
             if job is None:
                 raise NotFound(f"job {job_id!r} does not exist")
-            s.execute(update(TokenRow).where(TokenRow.job_id == job_id, TokenRow.revoked.is_(False))
-                      .values(revoked=True))  # fmt: skip
-            s.add(TokenRow(user=job.owner, digest=digest(token), prefix=token[:10], created_at=now,
-                           job_id=job_id, scope="job", expires_at=now + ttl_s, attempt=attempt))  # fmt: skip
+            s.execute(
+                update(TokenRow)
+                .where(TokenRow.job_id == job_id, TokenRow.revoked.is_(False))
+                .values(revoked=True)
+            )
+            s.add(
+                TokenRow(
+                    user=job.owner,
+                    digest=digest(token),
+                    prefix=token[:10],
+                    created_at=now,
+                    job_id=job_id,
+                    scope="job",
+                    expires_at=now + ttl_s,
+                    attempt=attempt,
+                )
+            )
         return token
 
     def authenticate(self, token: str) -> Principal | None:
@@ -220,7 +238,9 @@ class Store:
             return None
         with self._session() as s:
             row = s.scalars(
-                select(TokenRow).where(TokenRow.digest == digest(token), TokenRow.revoked.is_(False))
+                select(TokenRow).where(
+                    TokenRow.digest == digest(token), TokenRow.revoked.is_(False)
+                )
             ).first()
             if row is None or (row.expires_at is not None and row.expires_at <= self.clock()):
                 return None
@@ -228,7 +248,11 @@ class Store:
             if row.scope != "job":
                 return Principal(user.name, user.team, user.role)
             job = s.scalars(select(JobRow).where(JobRow.id == row.job_id)).first()
-            if job is None or job.status not in ("ADMITTED", "RUNNING") or job.attempt != row.attempt:
+            if (
+                job is None
+                or job.status not in ("ADMITTED", "RUNNING")
+                or job.attempt != row.attempt
+            ):
                 return None
             role = "viewer" if user.role == "viewer" else "member"
             return Principal(user.name, job.team, role, job_id=job.id, job_name=job.name)
@@ -238,7 +262,8 @@ class Store:
         done = select(JobRow.id).where(JobRow.status.in_(["SUCCEEDED", "FAILED", "CANCELLED"]))
         with self._session.begin() as s:
             res = s.execute(
-                update(TokenRow).where(TokenRow.job_id.in_(done), TokenRow.revoked.is_(False))
+                update(TokenRow)
+                .where(TokenRow.job_id.in_(done), TokenRow.revoked.is_(False))
                 .values(revoked=True)
             )
             return res.rowcount
@@ -246,7 +271,8 @@ class Store:
     def revoke_job_tokens(self, job_id: str) -> int:
         with self._session.begin() as s:
             res = s.execute(
-                update(TokenRow).where(TokenRow.job_id == job_id, TokenRow.revoked.is_(False))
+                update(TokenRow)
+                .where(TokenRow.job_id == job_id, TokenRow.revoked.is_(False))
                 .values(revoked=True)
             )
             return res.rowcount
@@ -305,9 +331,17 @@ class Store:
             s.add(row)
             s.flush()
             self._event(
-                s, "job", row.id, row.team, "JobSubmitted", None, "PENDING",
-                Reason.SUBMITTED, f"{spec['workers']} worker(s)", owner,
-            )  # fmt: skip
+                s,
+                "job",
+                row.id,
+                row.team,
+                "JobSubmitted",
+                None,
+                "PENDING",
+                Reason.SUBMITTED,
+                f"{spec['workers']} worker(s)",
+                owner,
+            )
             return JobRecord.of(row)
 
     def get_job(self, job_id: str) -> JobRecord | None:
@@ -327,7 +361,10 @@ class Store:
             return [JobRecord.of(r) for r in s.scalars(q.order_by(JobRow.seq.desc()))]
 
     def list_jobs(
-        self, team: str | None = None, statuses: Iterable[JobStatus] | None = None, limit: int = 1000
+        self,
+        team: str | None = None,
+        statuses: Iterable[JobStatus] | None = None,
+        limit: int = 1000,
     ) -> list[JobRecord]:
         q = select(JobRow).order_by(JobRow.seq.desc()).limit(limit)
         if team is not None:
@@ -369,9 +406,17 @@ class Store:
                 return None
             row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
             self._event(
-                s, "job", job_id, row.team, "JobTransition", src.value, dst.value,
-                reason, message, actor,
-            )  # fmt: skip
+                s,
+                "job",
+                job_id,
+                row.team,
+                "JobTransition",
+                src.value,
+                dst.value,
+                reason,
+                message,
+                actor,
+            )
             return JobRecord.of(row)
 
     def set_wait_message(self, job_id: str, message: str) -> bool:
@@ -392,19 +437,39 @@ class Store:
             self._event(s, kind, object_id, team, type_, **kw)
 
     def _event(
-        self, s: Session, kind, object_id, team, type_, from_status=None, to_status=None,
-        reason=None, message=None, actor=None,
-    ) -> None:  # fmt: skip
+        self,
+        s: Session,
+        kind,
+        object_id,
+        team,
+        type_,
+        from_status=None,
+        to_status=None,
+        reason=None,
+        message=None,
+        actor=None,
+    ) -> None:
         s.add(
             EventRow(
-                ts=self.clock(), kind=kind, object_id=object_id, team=team, type=type_,
-                from_status=from_status, to_status=to_status,
-                reason=str(reason) if reason else None, message=message, actor=actor,
-            )  # fmt: skip
+                ts=self.clock(),
+                kind=kind,
+                object_id=object_id,
+                team=team,
+                type=type_,
+                from_status=from_status,
+                to_status=to_status,
+                reason=str(reason) if reason else None,
+                message=message,
+                actor=actor,
+            )
         )
 
     def list_events(
-        self, team: str | None = None, object_id: str | None = None, after: int = 0, limit: int = 500
+        self,
+        team: str | None = None,
+        object_id: str | None = None,
+        after: int = 0,
+        limit: int = 500,
     ) -> list[EventRecord]:
         q = select(EventRow).where(EventRow.id > after).order_by(EventRow.id).limit(limit)
         if team is not None:

@@ -24,8 +24,15 @@ class NodeRecord:
 
     @classmethod
     def of(cls, row: NodeRow) -> NodeRecord:
-        return cls(row.node_id, row.name, NodeState(row.state), row.reason, row.since,
-                   row.drain_deadline, json.loads(row.checks) if row.checks else [])  # fmt: skip
+        return cls(
+            row.node_id,
+            row.name,
+            NodeState(row.state),
+            row.reason,
+            row.since,
+            row.drain_deadline,
+            json.loads(row.checks) if row.checks else [],
+        )
 
 
 class NodeStore:
@@ -47,15 +54,20 @@ class NodeStore:
         with self._session.begin() as s:
             row = s.get(NodeRow, node_id)
             if row is None:
-                row = NodeRow(node_id=node_id, name=name, state=state.value,
-                              since=self.store.clock())  # fmt: skip
+                row = NodeRow(
+                    node_id=node_id, name=name, state=state.value, since=self.store.clock()
+                )
                 s.add(row)
             return NodeRecord.of(row)
 
     def set_state(
-        self, node_id: str, dst: NodeState, reason: str | None, actor: str | None = None,
+        self,
+        node_id: str,
+        dst: NodeState,
+        reason: str | None,
+        actor: str | None = None,
         drain_deadline: float | None = None,
-    ) -> NodeRecord | None:  # fmt: skip
+    ) -> NodeRecord | None:
         with self._session.begin() as s:
             row = s.get(NodeRow, node_id)
             if row is None:
@@ -68,8 +80,18 @@ class NodeStore:
                 row.since = self.store.clock()
             row.state, row.reason = dst.value, reason
             row.drain_deadline = drain_deadline if dst == NodeState.DRAINING else None
-            self.store._event(s, "node", node_id, None, "NodeStateChanged", src.value, dst.value,
-                              None, reason, actor)  # fmt: skip
+            self.store._event(
+                s,
+                "node",
+                node_id,
+                None,
+                "NodeStateChanged",
+                src.value,
+                dst.value,
+                None,
+                reason,
+                actor,
+            )
             return NodeRecord.of(row)
 
     def record_checks(self, node_id: str, checks: list[dict]) -> None:

@@ -23,16 +23,27 @@ class QuotaStore:
             for field in ("gpus", "borrow_gpus", "lend_gpus", "cpus", "memory", "weight", "cohort"):
                 setattr(row, field, getattr(q, field))
             s.add(row)
-            msg = (f"pool {q.pool}: {q.gpus} GPUs guaranteed, borrow "
-                   f"{'any' if q.borrow_gpus is None else q.borrow_gpus}, lend "
-                   f"{'all' if q.lend_gpus is None else q.lend_gpus}, weight {q.weight:g}")  # fmt: skip
+            msg = (
+                f"pool {q.pool}: {q.gpus} GPUs guaranteed, borrow "
+                f"{'any' if q.borrow_gpus is None else q.borrow_gpus}, lend "
+                f"{'all' if q.lend_gpus is None else q.lend_gpus}, weight {q.weight:g}"
+            )
             self.store._event(s, "team", q.team, q.team, "QuotaSet", message=msg, actor=actor)
         return q
 
     def all(self) -> list[Quota]:
         with self._session() as s:
             return [
-                Quota(r.team, r.pool, r.gpus, r.borrow_gpus, r.lend_gpus, r.cpus, r.memory,
-                      r.weight, r.cohort)  # fmt: skip
+                Quota(
+                    r.team,
+                    r.pool,
+                    r.gpus,
+                    r.borrow_gpus,
+                    r.lend_gpus,
+                    r.cpus,
+                    r.memory,
+                    r.weight,
+                    r.cohort,
+                )
                 for r in s.scalars(select(QuotaRow).order_by(QuotaRow.team, QuotaRow.pool))
             ]

@@ -14,7 +14,9 @@ class TeamRow(Base):
     __tablename__ = "teams"
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     created_at: Mapped[float] = mapped_column(Float)
-    uid: Mapped[int | None] = mapped_column(Integer, nullable=True, unique=True, index=True)  # workload user
+    uid: Mapped[int | None] = mapped_column(
+        Integer, nullable=True, unique=True, index=True
+    )  # workload user
 
 
 class UserRow(Base):

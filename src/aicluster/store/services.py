@@ -69,9 +69,15 @@ class ServiceStore:
             if self._find(s, spec["team"], spec["name"]) is not None:
                 raise Conflict(f"service {spec['name']!r} already exists in team {spec['team']!r}")
             row = ServiceRow(
-                name=spec["name"], team=spec["team"], owner=owner, spec=spec,
-                manual_replicas=None, deleting=False, created_at=now, updated_at=now,
-            )  # fmt: skip
+                name=spec["name"],
+                team=spec["team"],
+                owner=owner,
+                spec=spec,
+                manual_replicas=None,
+                deleting=False,
+                created_at=now,
+                updated_at=now,
+            )
             s.add(row)
             s.flush()
             self.store._event(s, "service", row.name, row.team, "ServiceDeployed", actor=owner)
@@ -100,8 +106,9 @@ class ServiceStore:
                 setattr(row, k, v)
             row.updated_at = self.clock()
             msg = ", ".join(f"{k}={v}" for k, v in values.items() if k != "spec")
-            self.store._event(s, "service", row.name, row.team, "ServiceUpdated", message=msg,
-                              actor=actor)  # fmt: skip
+            self.store._event(
+                s, "service", row.name, row.team, "ServiceUpdated", message=msg, actor=actor
+            )
             return ServiceRecord.of(row)
 
     def remove(self, seq: int) -> None:
@@ -120,13 +127,25 @@ class ServiceStore:
         now = self.clock()
         with self._session.begin() as s:
             row = ReplicaRow(
-                id=f"{svc.name}-{secrets.token_hex(3)}", service_seq=svc.seq, team=svc.team,
-                status=ReplicaStatus.PENDING.value, reason=ReplicaReason.CREATED.value,
+                id=f"{svc.name}-{secrets.token_hex(3)}",
+                service_seq=svc.seq,
+                team=svc.team,
+                status=ReplicaStatus.PENDING.value,
+                reason=ReplicaReason.CREATED.value,
                 created_at=now,
-            )  # fmt: skip
+            )
             s.add(row)
-            self.store._event(s, "replica", row.id, svc.team, "ReplicaTransition", None,
-                              "PENDING", ReplicaReason.CREATED, svc.name)  # fmt: skip
+            self.store._event(
+                s,
+                "replica",
+                row.id,
+                svc.team,
+                "ReplicaTransition",
+                None,
+                "PENDING",
+                ReplicaReason.CREATED,
+                svc.name,
+            )
             return ReplicaRecord.of(row)
 
     def replicas(self, svc_seq: int | None = None, live_only: bool = True) -> list[ReplicaRecord]:
@@ -139,9 +158,14 @@ class ServiceStore:
             return [ReplicaRecord.of(r) for r in s.scalars(q)]
 
     def transition(
-        self, rid: str, src: ReplicaStatus, dst: ReplicaStatus, reason: ReplicaReason,
-        message: str | None = None, **fields,
-    ) -> ReplicaRecord | None:  # fmt: skip
+        self,
+        rid: str,
+        src: ReplicaStatus,
+        dst: ReplicaStatus,
+        reason: ReplicaReason,
+        message: str | None = None,
+        **fields,
+    ) -> ReplicaRecord | None:
         check_replica_transition(src, dst)
         now = self.clock()
         values = dict(status=dst.value, reason=reason.value, message=message, **fields)
@@ -158,8 +182,17 @@ class ServiceStore:
             if res.rowcount != 1:
                 return None
             row = s.get(ReplicaRow, rid)
-            self.store._event(s, "replica", rid, row.team, "ReplicaTransition", src.value,
-                              dst.value, reason, message)  # fmt: skip
+            self.store._event(
+                s,
+                "replica",
+                rid,
+                row.team,
+                "ReplicaTransition",
+                src.value,
+                dst.value,
+                reason,
+                message,
+            )
             return ReplicaRecord.of(row)
 
     def set_fields(self, rid: str, **fields) -> None:

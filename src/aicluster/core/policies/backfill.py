@@ -41,8 +41,10 @@ class Reservation:
         self.head, self.pool = head, pool
         self.shadow = FreeIndex(c.snapshot.nodes, layout=c.layout)
         gangs = {g.workload_id: g for g in c.snapshot.pending}
-        ending = [(_end(r.gang, r.started_at), r.workload_id, r.placement, r.gang)
-                  for r in c.running_in(pool)]  # fmt: skip
+        ending = [
+            (_end(r.gang, r.started_at), r.workload_id, r.placement, r.gang)
+            for r in c.running_in(pool)
+        ]
         for d in c.decided:
             if isinstance(d, Admit) and c.index.node[d.placement[0]].pool == pool:
                 g = gangs[d.workload_id]
@@ -59,9 +61,7 @@ class Reservation:
         if not fits:
             self.time = INF
         planned = self.shadow.place(head, pool)
-        self.nodes = frozenset(
-            planned or ()
-        )  # where the head will go at the shadow time
+        self.nodes = frozenset(planned or ())  # where the head will go at the shadow time
 
     def allows(self, g: GangRequest, placement: tuple[str, ...], now: float) -> bool:
         """True if `g` starting now on `placement` leaves the reservation intact (and
@@ -182,10 +182,7 @@ class BackfillPolicy:
             if res is not None and not res.allows(g, placement, c.clock):
                 placement = c.index.place(g, pool, avoid=res.nodes)  # beside the head
                 if placement is None or not res.allows(g, placement, c.clock):
-                    room = (
-                        room
-                        or f"waiting: starting now would delay {res.head.workload_id}"
-                    )
+                    room = room or f"waiting: starting now would delay {res.head.workload_id}"
                     continue
             c.admit(g, pool, placement)
             return None

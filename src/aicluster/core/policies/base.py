@@ -22,7 +22,7 @@ from aicluster.core.model import (
     RunningWorkload,
     Snapshot,
     Wait,
-)  # fmt: skip
+)
 from aicluster.core.quota import QuotaBook
 from aicluster.core.topology import FreeIndex, Layout, never_fits_reason, why_no_room
 
@@ -52,9 +52,7 @@ def arrival_key(g: GangRequest) -> tuple:
 class Cycle:
     """Scratch state of one cycle over one snapshot (never shared between cycles)."""
 
-    def __init__(
-        self, snapshot: Snapshot, clock: float, memo: dict | None = None
-    ) -> None:
+    def __init__(self, snapshot: Snapshot, clock: float, memo: dict | None = None) -> None:
         self.snapshot = snapshot
         self.clock = clock
         self.memo = memo if memo is not None else {}
@@ -95,13 +93,9 @@ class Cycle:
             if g.workers <= 0:
                 self._never[key] = "could never fit: a gang needs at least one worker"
             elif g.pool is not None and g.pool not in self._empty.pools:
-                self._never[key] = (
-                    f"could never fit: no schedulable node in pool {g.pool}"
-                )
+                self._never[key] = f"could never fit: no schedulable node in pool {g.pool}"
             else:
-                self._never[key] = never_fits_reason(
-                    self._empty, g, pools or self.pool_names
-                )
+                self._never[key] = never_fits_reason(self._empty, g, pools or self.pool_names)
         return self._never[key]
 
     def _layout(self) -> Layout:
@@ -118,9 +112,7 @@ class Cycle:
 
     def _empty_index(self) -> FreeIndex:
         if self._empty_slot[0] is None:
-            self._empty_slot[0] = FreeIndex(
-                self.snapshot.nodes, empty=True, layout=self.layout
-            )
+            self._empty_slot[0] = FreeIndex(self.snapshot.nodes, empty=True, layout=self.layout)
         return self._empty_slot[0]
 
     def running_of(self, team: str, pool: str) -> list[RunningWorkload]:

@@ -55,9 +55,7 @@ class FairPolicy:
         reclaimer = Reclaimer(c) if self.preemption else None
         deferred: dict[str, list[GangRequest]] = {}
         for g in sorted(snapshot.pending, key=lambda g: self.order_key(g, clock)):
-            pools = [
-                p for p in c.pools_for(g) if c.book.within_guarantee(g.team, p, g.total)
-            ]
+            pools = [p for p in c.pools_for(g) if c.book.within_guarantee(g.team, p, g.total)]
             if pools:
                 self._guaranteed(c, g, pools, reclaimer)
             else:
@@ -65,9 +63,7 @@ class FairPolicy:
         self._borrowing(c, deferred)
         return c.decisions()
 
-    def _guaranteed(
-        self, c: Cycle, g: GangRequest, pools: list[str], reclaimer
-    ) -> None:
+    def _guaranteed(self, c: Cycle, g: GangRequest, pools: list[str], reclaimer) -> None:
         rule = lambda g, pool: c.book.admissible(g.team, pool, g.total, borrow=False)
         refusal = c.try_admit(g, rule, pools)
         if refusal is None:
@@ -79,23 +75,21 @@ class FairPolicy:
         for pool in pools if reclaimer is not None else ():
             n = reclaimer.reclaim(g, pool)
             if n:
-                c.wait(g, f"preempting {n} workload(s) to give team {g.team} its guaranteed "
-                          f"GPUs in pool {pool}")  # fmt: skip
+                c.wait(
+                    g,
+                    f"preempting {n} workload(s) to give team {g.team} its guaranteed "
+                    f"GPUs in pool {pool}",
+                )
                 return
         self._wait_starving(c, g, refusal.reason, refusal.room)
 
     def _borrowing(self, c: Cycle, deferred: dict[str, list[GangRequest]]) -> None:
         """Teams in turn, smallest weighted borrowed share first; each turn one gang."""
         clock = c.clock
-        heap = [
-            (c.book.share(t), self.order_key(q[0], clock), t)
-            for t, q in deferred.items()
-        ]
+        heap = [(c.book.share(t), self.order_key(q[0], clock), t) for t, q in deferred.items()]
         heap.sort()
         nxt = dict.fromkeys(deferred, 0)
-        closed: dict[
-            tuple, str
-        ] = {}  # (cohort, pool) -> starving gang it lends to only
+        closed: dict[tuple, str] = {}  # (cohort, pool) -> starving gang it lends to only
         rule = lambda g, pool: self._borrow_rule(c, g, pool, closed)
         while heap:
             _, _, team = heappop(heap)
@@ -116,9 +110,7 @@ class FairPolicy:
         cohort = c.book.account(g.team, pool).cohort
         holder = closed.get((cohort, pool))
         if holder is not None:
-            return (
-                f"cohort {cohort} lends its idle GPUs in pool {pool} to {holder} first"
-            )
+            return f"cohort {cohort} lends its idle GPUs in pool {pool} to {holder} first"
         return c.book.admissible(g.team, pool, g.total, borrow=True)
 
     def _wait_starving(self, c: Cycle, g, reason: str, room: bool, closed=None) -> None:

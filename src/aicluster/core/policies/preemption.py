@@ -59,10 +59,7 @@ class Reclaimer:
             return 0
         c = self.c
         cands = [r for r in c.running_in(pool) if _eligible(c, g, r, self.gone)]
-        if (
-            sum(r.gang.total.gpus for r in cands) + c.index.pool_free_gpus(pool)
-            < g.total.gpus
-        ):
+        if sum(r.gang.total.gpus for r in cands) + c.index.pool_free_gpus(pool) < g.total.gpus:
             self.failed.add(shape)
             return 0
         cands.sort(key=lambda r: _victim_key(r, g, c.clock))
@@ -100,9 +97,7 @@ class Reclaimer:
         c = self.c
         c.book.charge(g.team, pool, g.total)
         for r in victims:
-            c.index.take(
-                r.placement, r.gang.per_worker
-            )  # theirs until they have stopped
+            c.index.take(r.placement, r.gang.per_worker)  # theirs until they have stopped
             self.gone.add(r.workload_id)
             why = (
                 f"lower priority than {g.workload_id} of the same team"

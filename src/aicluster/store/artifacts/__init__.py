@@ -15,12 +15,21 @@ from aicluster.store.artifacts.backend import (
     StorageError,
     load_storage_config,
     open_backend,
-)  # fmt: skip
+)
 from aicluster.store.artifacts.index import ArtifactIndex, ArtifactRecord, VersionRecord
 from aicluster.store.artifacts.repository import ArtifactStore, MissingBlobs
 
 __all__ = [
-    "ArtifactIndex", "ArtifactRecord", "ArtifactStore", "BlobBackend", "BlobCorrupt",
-    "BlobSizeMismatch", "MissingBlobs", "StorageConfig", "StorageError", "VersionRecord",
-    "load_storage_config", "open_backend",
-]  # fmt: skip
+    "ArtifactIndex",
+    "ArtifactRecord",
+    "ArtifactStore",
+    "BlobBackend",
+    "BlobCorrupt",
+    "BlobSizeMismatch",
+    "MissingBlobs",
+    "StorageConfig",
+    "StorageError",
+    "VersionRecord",
+    "load_storage_config",
+    "open_backend",
+]

@@ -101,10 +101,12 @@ def _read_credentials(path: str) -> dict:
             k, sep, v = line.strip().partition("=")
             if sep and not k.startswith("#"):
                 doc[k.strip().lower().removeprefix("aws_")] = v.strip()
-    if not isinstance(doc, dict) or not doc.get("access_key_id") or not doc.get("secret_access_key"):
-        raise StorageError(
-            f"credentials file {path}: needs access_key_id and secret_access_key"
-        )
+    if (
+        not isinstance(doc, dict)
+        or not doc.get("access_key_id")
+        or not doc.get("secret_access_key")
+    ):
+        raise StorageError(f"credentials file {path}: needs access_key_id and secret_access_key")
     return doc
 
 

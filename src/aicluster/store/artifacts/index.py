@@ -31,7 +31,7 @@ from aicluster.store.artifacts.schema import (
     ArtifactTagRow,
     ArtifactUploadRow,
     ArtifactVersionRow,
-)  # fmt: skip
+)
 from aicluster.store.db import Conflict, NotFound, Store
 from aicluster.store.schema import TeamRow
 
@@ -89,10 +89,18 @@ class UploadRecord:
 
 def _upload(row: ArtifactUploadRow) -> UploadRecord:
     return UploadRecord(
-        row.id, row.team, row.name, row.kind, row.version, row.tag,
-        tuple(FileEntry(**f) for f in row.files), dict(row.meta), row.producer_job,
-        row.created_by, row.created_at,
-    )  # fmt: skip
+        row.id,
+        row.team,
+        row.name,
+        row.kind,
+        row.version,
+        row.tag,
+        tuple(FileEntry(**f) for f in row.files),
+        dict(row.meta),
+        row.producer_job,
+        row.created_by,
+        row.created_at,
+    )
 
 
 class ArtifactIndex:
@@ -103,10 +111,18 @@ class ArtifactIndex:
     # -- upload sessions ------------------------------------------------------------
 
     def create_upload(
-        self, team: str, name: str, kind: str, files: tuple[FileEntry, ...], *,
-        metadata: dict | None = None, producer_job: str | None = None,
-        version: int | None = None, tag: str | None = None, created_by: str | None = None,
-    ) -> UploadRecord:  # fmt: skip
+        self,
+        team: str,
+        name: str,
+        kind: str,
+        files: tuple[FileEntry, ...],
+        *,
+        metadata: dict | None = None,
+        producer_job: str | None = None,
+        version: int | None = None,
+        tag: str | None = None,
+        created_by: str | None = None,
+    ) -> UploadRecord:
         with self._session.begin() as s:
             if s.get(TeamRow, team) is None:
                 raise NotFound(f"team {team!r} does not exist")
@@ -119,10 +135,18 @@ class ArtifactIndex:
                     f"{art.next_version} (omit the version to get it)"
                 )
             row = ArtifactUploadRow(
-                id=secrets.token_hex(16), team=team, name=name, kind=kind, version=version,
-                tag=tag, files=[f.__dict__ for f in files], meta=metadata or {},
-                producer_job=producer_job, created_by=created_by, created_at=self.clock(),
-            )  # fmt: skip
+                id=secrets.token_hex(16),
+                team=team,
+                name=name,
+                kind=kind,
+                version=version,
+                tag=tag,
+                files=[f.__dict__ for f in files],
+                meta=metadata or {},
+                producer_job=producer_job,
+                created_by=created_by,
+                created_at=self.clock(),
+            )
             s.add(row)
             s.flush()
             return _upload(row)
@@ -134,9 +158,12 @@ class ArtifactIndex:
 
     def delete_upload(self, upload_id: str) -> bool:
         with self._session.begin() as s:
-            return s.execute(
-                delete(ArtifactUploadRow).where(ArtifactUploadRow.id == upload_id)
-            ).rowcount == 1
+            return (
+                s.execute(
+                    delete(ArtifactUploadRow).where(ArtifactUploadRow.id == upload_id)
+                ).rowcount
+                == 1
+            )
 
     def expire_uploads(self, older_than: float) -> int:
         with self._session.begin() as s:
@@ -185,11 +212,16 @@ class ArtifactIndex:
             now = self.clock()
             digest = write_manifest(up, version, now)
             row_v = ArtifactVersionRow(
-                artifact_id=art.id, version=version, manifest_sha256=digest,
-                size=sum(f.size for f in up.files), file_count=len(up.files),
-                producer_job=up.producer_job, meta=up.metadata, created_by=up.created_by,
+                artifact_id=art.id,
+                version=version,
+                manifest_sha256=digest,
+                size=sum(f.size for f in up.files),
+                file_count=len(up.files),
+                producer_job=up.producer_job,
+                meta=up.metadata,
+                created_by=up.created_by,
                 created_at=now,
-            )  # fmt: skip
+            )
             s.add(row_v)
             if up.tag and up.tag != LATEST:
                 s.merge(ArtifactTagRow(artifact_id=art.id, tag=up.tag, version=version))
@@ -202,8 +234,16 @@ class ArtifactIndex:
             with self._session.begin() as s:
                 if self._artifact(s, up.team, up.name) is None:
                     now = self.clock()
-                    s.add(ArtifactRow(team=up.team, name=up.name, kind=up.kind,
-                                      next_version=1, created_at=now, updated_at=now))  # fmt: skip
+                    s.add(
+                        ArtifactRow(
+                            team=up.team,
+                            name=up.name,
+                            kind=up.kind,
+                            next_version=1,
+                            created_at=now,
+                            updated_at=now,
+                        )
+                    )
         except IntegrityError:
             pass  # created by a concurrent commit of the same name
 
@@ -235,10 +275,19 @@ class ArtifactIndex:
         )
         tags = sorted(tags) + ([LATEST] if latest == version else [])
         return VersionRecord(
-            art.team, art.name, art.kind, row.version, row.manifest_sha256, row.size,
-            row.file_count, row.producer_job, dict(row.meta), row.created_by, row.created_at,
+            art.team,
+            art.name,
+            art.kind,
+            row.version,
+            row.manifest_sha256,
+            row.size,
+            row.file_count,
+            row.producer_job,
+            dict(row.meta),
+            row.created_by,
+            row.created_at,
             tuple(tags),
-        )  # fmt: skip
+        )
 
     def _record(self, s: Session, art: ArtifactRow) -> ArtifactRecord:
         versions = s.scalars(
@@ -246,17 +295,25 @@ class ArtifactIndex:
             .where(ArtifactVersionRow.artifact_id == art.id)
             .order_by(ArtifactVersionRow.version)
         ).all()
-        tags = {t.tag: t.version for t in s.scalars(
-            select(ArtifactTagRow).where(ArtifactTagRow.artifact_id == art.id))}  # fmt: skip
+        tags = {
+            t.tag: t.version
+            for t in s.scalars(select(ArtifactTagRow).where(ArtifactTagRow.artifact_id == art.id))
+        }
         shares = s.scalars(
             select(ArtifactShareRow.team).where(ArtifactShareRow.artifact_id == art.id)
         ).all()
         if versions:
             tags[LATEST] = versions[-1]
         return ArtifactRecord(
-            art.team, art.name, art.kind, art.created_at, art.updated_at, tuple(versions),
-            tags, tuple(sorted(shares)),
-        )  # fmt: skip
+            art.team,
+            art.name,
+            art.kind,
+            art.created_at,
+            art.updated_at,
+            tuple(versions),
+            tags,
+            tuple(sorted(shares)),
+        )
 
     def get(self, team: str, name: str) -> ArtifactRecord | None:
         with self._session() as s:
@@ -326,11 +383,15 @@ class ArtifactIndex:
     def remove_tag(self, team: str, name: str, tag: str) -> bool:
         with self._session.begin() as s:
             art = self._artifact(s, team, name)
-            return art is not None and s.execute(
-                delete(ArtifactTagRow).where(
-                    ArtifactTagRow.artifact_id == art.id, ArtifactTagRow.tag == tag
-                )
-            ).rowcount == 1
+            return (
+                art is not None
+                and s.execute(
+                    delete(ArtifactTagRow).where(
+                        ArtifactTagRow.artifact_id == art.id, ArtifactTagRow.tag == tag
+                    )
+                ).rowcount
+                == 1
+            )
 
     def set_share(self, team: str, name: str, other: str, shared: bool) -> None:
         with self._session.begin() as s:
@@ -351,13 +412,20 @@ class ArtifactIndex:
             art = self._artifact(s, team, name)
             if art is None:
                 return False
-            s.execute(delete(ArtifactTagRow).where(
-                ArtifactTagRow.artifact_id == art.id, ArtifactTagRow.version == version))  # fmt: skip
-            return s.execute(
-                delete(ArtifactVersionRow).where(
-                    ArtifactVersionRow.artifact_id == art.id, ArtifactVersionRow.version == version
+            s.execute(
+                delete(ArtifactTagRow).where(
+                    ArtifactTagRow.artifact_id == art.id, ArtifactTagRow.version == version
                 )
-            ).rowcount == 1
+            )
+            return (
+                s.execute(
+                    delete(ArtifactVersionRow).where(
+                        ArtifactVersionRow.artifact_id == art.id,
+                        ArtifactVersionRow.version == version,
+                    )
+                ).rowcount
+                == 1
+            )
 
     # -- what garbage collection must keep --------------------------------------------
 
@@ -367,8 +435,9 @@ class ArtifactIndex:
 
     def upload_digests(self) -> set[str]:
         with self._session() as s:
-            return {f["sha256"] for files in s.scalars(select(ArtifactUploadRow.files))
-                    for f in files}  # fmt: skip
+            return {
+                f["sha256"] for files in s.scalars(select(ArtifactUploadRow.files)) for f in files
+            }
 
     # -- proofs of possession ---------------------------------------------------------
 
@@ -377,9 +446,14 @@ class ArtifactIndex:
         wanted, out = sorted(set(digests)), set()
         with self._session() as s:
             for i in range(0, len(wanted), _BATCH):
-                out.update(s.scalars(select(ArtifactBlobProofRow.sha256).where(
-                    ArtifactBlobProofRow.team == team,
-                    ArtifactBlobProofRow.sha256.in_(wanted[i:i + _BATCH]))))  # fmt: skip
+                out.update(
+                    s.scalars(
+                        select(ArtifactBlobProofRow.sha256).where(
+                            ArtifactBlobProofRow.team == team,
+                            ArtifactBlobProofRow.sha256.in_(wanted[i : i + _BATCH]),
+                        )
+                    )
+                )
         return out
 
     def add_proofs(self, team: str, digests) -> None:
@@ -390,12 +464,20 @@ class ArtifactIndex:
                     have = set()
                     wanted = sorted(set(digests))
                     for i in range(0, len(wanted), _BATCH):
-                        have.update(s.scalars(select(ArtifactBlobProofRow.sha256).where(
-                            ArtifactBlobProofRow.team == team,
-                            ArtifactBlobProofRow.sha256.in_(wanted[i:i + _BATCH]))))  # fmt: skip
+                        have.update(
+                            s.scalars(
+                                select(ArtifactBlobProofRow.sha256).where(
+                                    ArtifactBlobProofRow.team == team,
+                                    ArtifactBlobProofRow.sha256.in_(wanted[i : i + _BATCH]),
+                                )
+                            )
+                        )
                     now = self.clock()
-                    s.add_all(ArtifactBlobProofRow(team=team, sha256=d, created_at=now)
-                              for d in wanted if d not in have)  # fmt: skip
+                    s.add_all(
+                        ArtifactBlobProofRow(team=team, sha256=d, created_at=now)
+                        for d in wanted
+                        if d not in have
+                    )
                 return
             except (IntegrityError, OperationalError):  # a concurrent add of the same row
                 if attempt == 4:
@@ -406,8 +488,11 @@ class ArtifactIndex:
         wanted = sorted(set(digests))
         with self._session.begin() as s:
             for i in range(0, len(wanted), _BATCH):
-                s.execute(delete(ArtifactBlobProofRow).where(
-                    ArtifactBlobProofRow.sha256.in_(wanted[i:i + _BATCH])))  # fmt: skip
+                s.execute(
+                    delete(ArtifactBlobProofRow).where(
+                        ArtifactBlobProofRow.sha256.in_(wanted[i : i + _BATCH])
+                    )
+                )
 
 
 _BATCH = 500

@@ -74,7 +74,9 @@ class GcReport:
 
 
 class ArtifactStore:
-    def __init__(self, index: ArtifactIndex, backend: BlobBackend, lock_path: Path, clock=time.time):
+    def __init__(
+        self, index: ArtifactIndex, backend: BlobBackend, lock_path: Path, clock=time.time
+    ):
         self.index, self.backend, self.clock = index, backend, clock
         self.lock_path = Path(lock_path)
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,10 +98,16 @@ class ArtifactStore:
     # -- uploads ----------------------------------------------------------------------
 
     def begin_upload(
-        self, ref: ArtifactRef, kind: str, files: Iterable[FileEntry | dict], *,
-        metadata: dict | None = None, producer_job: str | None = None,
-        created_by: str | None = None, require_proof: bool = False,
-    ) -> tuple[UploadRecord, list[str]]:  # fmt: skip
+        self,
+        ref: ArtifactRef,
+        kind: str,
+        files: Iterable[FileEntry | dict],
+        *,
+        metadata: dict | None = None,
+        producer_job: str | None = None,
+        created_by: str | None = None,
+        require_proof: bool = False,
+    ) -> tuple[UploadRecord, list[str]]:
         """Open an upload session; returns it and the digests it must send (those
         storage lacks; with `require_proof` also those the team has not proved)."""
         check_kind(kind)
@@ -108,9 +116,16 @@ class ArtifactStore:
             check_tag(ref.tag)
         with self._lock(exclusive=False):
             up = self.index.create_upload(
-                ref.team, ref.name, kind, entries, metadata=metadata, producer_job=producer_job,
-                version=ref.version, tag=ref.tag, created_by=created_by,
-            )  # fmt: skip
+                ref.team,
+                ref.name,
+                kind,
+                entries,
+                metadata=metadata,
+                producer_job=producer_job,
+                version=ref.version,
+                tag=ref.tag,
+                created_by=created_by,
+            )
             return up, self._missing(up, require_proof)
 
     def _missing(self, up: UploadRecord, require_proof: bool) -> list[str]:
@@ -181,9 +196,16 @@ class ArtifactStore:
 
     def _write_manifest(self, up: UploadRecord, version: int, now: float) -> str:
         m = Manifest(
-            up.team, up.name, up.kind, version, up.files, up.metadata, up.producer_job,
-            now, up.created_by,
-        )  # fmt: skip
+            up.team,
+            up.name,
+            up.kind,
+            version,
+            up.files,
+            up.metadata,
+            up.producer_job,
+            now,
+            up.created_by,
+        )
         data = m.to_json()
         import hashlib
 
@@ -244,17 +266,27 @@ class ArtifactStore:
     # -- in-process conveniences (engine: job outputs, checkpoints; tests) --------------
 
     def push_folder(
-        self, path: Path, ref: ArtifactRef, kind: str, *, metadata: dict | None = None,
-        producer_job: str | None = None, created_by: str | None = None,
+        self,
+        path: Path,
+        ref: ArtifactRef,
+        kind: str,
+        *,
+        metadata: dict | None = None,
+        producer_job: str | None = None,
+        created_by: str | None = None,
         progress: Progress | None = None,
-    ) -> VersionRecord:  # fmt: skip
+    ) -> VersionRecord:
         """Upload a folder (or one file) as a new version, skipping blobs already stored."""
         scanned = scan_folder(Path(path))
         where = {e.sha256: p for e, p in scanned}
         up, missing = self.begin_upload(
-            ref, kind, [e for e, _ in scanned], metadata=metadata,
-            producer_job=producer_job, created_by=created_by,
-        )  # fmt: skip
+            ref,
+            kind,
+            [e for e, _ in scanned],
+            metadata=metadata,
+            producer_job=producer_job,
+            created_by=created_by,
+        )
         for _ in range(3):
             for digest in missing:
                 self.put_blob(up.id, digest, _read_chunks(where[digest], progress))

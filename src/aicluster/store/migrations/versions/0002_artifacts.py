@@ -71,5 +71,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     for table in (
         "artifact_uploads", "artifact_shares", "artifact_tags", "artifact_versions", "artifacts",
-    ):  # fmt: skip
+    ):
         op.drop_table(table)
