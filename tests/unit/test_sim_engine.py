@@ -45,7 +45,9 @@ def test_load_60_job_format(tmp_path):
     )
     jobs = load_60_job(path, team="t")
     assert [(j.job_id, j.submit, j.gpus, j.duration) for j in jobs] == [
-        ("j0", 0.0, 1, 164.0), ("j1", 30.0, 8, 147.0), ("j2", 30.0, 1, 1.0)
+        ("j0", 0.0, 1, 164.0),
+        ("j1", 30.0, 8, 147.0),
+        ("j2", 30.0, 1, 1.0),
     ]  # sorted by submit then id; at least 1 GPU and 1 s
     assert {j.team for j in jobs} == {"t"}
 
@@ -65,7 +67,8 @@ def test_load_philly_format(tmp_path):
     )
     jobs = load_philly(path, {"big"})
     assert [(j.job_id, j.submit, j.duration, j.gpus) for j in jobs] == [
-        ("p1", 0.0, 1.0, 1), ("p0", 60.0, 66.0, 1)
+        ("p1", 0.0, 1.0, 1),
+        ("p0", 60.0, 66.0, 1),
     ]
     assert len(load_philly(path)) == 3  # every team
 
