@@ -24,7 +24,7 @@ from fastapi import FastAPI
 
 from aicluster.control.endpoints import Endpoint, EndpointTable, ServiceEndpoints
 from aicluster.gateway.proxy import Gateway
-from aicluster.store.db import Principal
+from aicluster.store.identity import Principal
 
 TOKEN_PREFIX = "bench-"
 

@@ -37,7 +37,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from aicluster.spec.job import parse_memory
+from aicluster.specs.job import parse_memory
 
 FILE = 4 << 20
 

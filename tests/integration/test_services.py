@@ -1,4 +1,4 @@
-"""Services on the session Ray cluster: replicas placed by the scheduler, the
+"""ApiOps on the session Ray cluster: replicas placed by the scheduler, the
 gateway in the control plane, the official `openai` client through it."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 from aicluster.artifacts import parse_ref
 from aicluster.artifacts.manifest import FileEntry
 from aicluster.store.artifacts import BlobCorrupt, MissingBlobs
-from aicluster.store.db import Conflict, NotFound
+from aicluster.store.errors import Conflict, NotFound
 
 from artifact_support import artifacts, home, make_tree, read_tree, s3_server, storage
 

@@ -9,14 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from aicluster.control.controller import GC_EVERY_S, NODE_DEATH_GRACE_S, Controller
+from aicluster.control.api_ops import ApiOps
+from aicluster.control.jobs_loop import GC_EVERY_S, NODE_DEATH_GRACE_S, Controller
 from aicluster.control.logs import LogStore
-from aicluster.control.service import Services
 from aicluster.core.lifecycle import JobStatus
 from aicluster.core.model import Quota
 from aicluster.engine.protocol import Engine
-from aicluster.spec.job import JobSpec
-from aicluster.store.db import Principal
+from aicluster.specs.job import JobSpec
+from aicluster.store.identity import Principal
 from aicluster.store.quotas import QuotaStore
 
 from fakes import FakeClock, FakeEngine, node, open_test_store, settle
@@ -267,7 +267,7 @@ def test_cancelling_a_running_job_stops_its_gang_and_keeps_its_logs(world):
     job_id = world.submit(workers=2, resources={"gpus": 2})
     world.run(job_id)
     world.engine.write(job_id, 1, b"last words\n")
-    services = Services(world.store, world.engine, world.logs, world.tmp / "workdirs")
+    services = ApiOps(world.store, world.engine, world.logs, world.tmp / "workdirs")
     done = services.cancel(ADMIN, job_id)
     assert (done.status, done.reason) == (JobStatus.CANCELLED, "cancelled_by_user")
     assert not world.engine.running_gangs()
@@ -281,7 +281,7 @@ def test_a_gang_whose_launch_outlived_its_cancelled_job_is_collected(world):
     job_id = world.submit()
     world.engine.launch_gate.clear()  # the launch hangs in the engine ...
     world.ctrl.tick()
-    Services(world.store, world.engine, world.logs, world.tmp / "workdirs").cancel(ADMIN, job_id)
+    ApiOps(world.store, world.engine, world.logs, world.tmp / "workdirs").cancel(ADMIN, job_id)
     world.engine.launch_gate.set()  # ... and completes after the job was cancelled
     settle(world.ctrl)
     assert world.engine.running_gangs() == {(job_id, 1)}

@@ -18,7 +18,7 @@ from aicluster.control.endpoints import Endpoint, EndpointTable, ServiceEndpoint
 from aicluster.gateway.proxy import MAX_ATTEMPTS, Gateway
 from aicluster.runtime.simulated_core import SimulatedEngineOptions
 from aicluster.runtime.simulated_engine import create_app
-from aicluster.store.db import Principal
+from aicluster.store.identity import Principal
 
 from asgi_server import serving
 from harness import free_port, wait_for

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from aicluster.core.lifecycle import JobStatus, Reason
-from aicluster.spec import load_spec_text
+from aicluster.specs import load_spec_text
 from aicluster.store import open_store
-from aicluster.store.db import WORKLOAD_UID_BASE, NotFound
+from aicluster.store.errors import NotFound
+from aicluster.store.identity import WORKLOAD_UID_BASE
 
 P, A, R, S = JobStatus.PENDING, JobStatus.ADMITTED, JobStatus.RUNNING, JobStatus.SUCCEEDED
 

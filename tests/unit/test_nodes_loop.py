@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from aicluster.control.controller import NODE_DEATH_GRACE_S, Controller
+from aicluster.control.jobs_loop import NODE_DEATH_GRACE_S, Controller
 from aicluster.control.logs import LogStore
 from aicluster.control.nodes_loop import NodeLoop
 from aicluster.core.lifecycle import JobStatus
 from aicluster.core.nodestate import NodeState as NS
-from aicluster.spec.job import JobSpec
+from aicluster.specs.job import JobSpec
 from aicluster.store.nodes import NodeStore
 
 from fakes import FakeAgents, FakeClock, FakeEngine, failing, healthy, node, open_test_store, settle

@@ -15,7 +15,7 @@ from aicluster.planner.spec import (
     load_plan_spec_text,
     parse_count,
 )
-from aicluster.spec import SpecError
+from aicluster.specs import SpecError
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("plan-*.yaml"))
 

@@ -12,7 +12,7 @@ import pytest
 
 from aicluster.client.api import Client, WorkdirError, pack_workdir
 from aicluster.runtime.worker import extract_workdir
-from aicluster.spec import SpecError
+from aicluster.specs import SpecError
 
 
 def make_tree(root: Path) -> None:

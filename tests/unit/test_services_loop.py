@@ -8,16 +8,16 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from aicluster.control.controller import GC_EVERY_S, Controller
+from aicluster.control.endpoint_ops import EndpointOps
 from aicluster.control.endpoints import EndpointTable
+from aicluster.control.jobs_loop import GC_EVERY_S, Controller
 from aicluster.control.logs import LogStore
 from aicluster.control.nodes_loop import NodeLoop
-from aicluster.control.service_ops import ServiceOps
 from aicluster.control.services_loop import ServiceLoop, gang_id
 from aicluster.core.nodestate import NodeState
 from aicluster.core.replica import ReplicaStatus as RS
 from aicluster.runtime.replica_auth import SECRET_HEADER
-from aicluster.store.db import Principal
+from aicluster.store.identity import Principal
 from aicluster.store.nodes import NodeStore
 from aicluster.store.services import ServiceStore
 
@@ -64,7 +64,7 @@ class World:
             node_loop=self.node_loop,
         )
         self.ctrl.sources.append(self.loop)
-        self.ops = ServiceOps(self.services, self.table)
+        self.ops = EndpointOps(self.services, self.table)
 
     def deploy(self, name: str = "chat", lo: int = 2, hi: int = 3, **extra) -> None:
         spec = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aicluster.spec import (
+from aicluster.specs import (
     JobSpec,
     Resources,
     SpecError,
@@ -13,7 +13,7 @@ from aicluster.spec import (
     parse_memory,
     spec_json_schema,
 )
-from aicluster.spec.errors import SpecIssue
+from aicluster.specs.errors import SpecIssue
 
 Ki, Mi, Gi = 2**10, 2**20, 2**30
 

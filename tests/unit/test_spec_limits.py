@@ -10,11 +10,11 @@ from fastapi import HTTPException
 
 from aicluster.api.limits import DEFAULT_LIMIT, SUBMIT_LIMIT, body_limit
 from aicluster.api.strict_json import MAX_DEPTH, finite, loads
-from aicluster.spec.errors import SpecError
-from aicluster.spec.limits import MAX_MEMORY, MAX_WORKDIR_BYTES
-from aicluster.spec.loader import load_spec_text, validate_spec
-from aicluster.spec.names import check_name, is_name
-from aicluster.spec.workdir import WorkdirInvalid, check_workdir_archive
+from aicluster.specs.errors import SpecError
+from aicluster.specs.limits import MAX_MEMORY, MAX_WORKDIR_BYTES
+from aicluster.specs.loader import load_spec_text, validate_spec
+from aicluster.specs.names import check_name, is_name
+from aicluster.specs.workdir import WorkdirInvalid, check_workdir_archive
 
 JOB = {"kind": "job", "name": "j", "command": "true"}
 SERVICE = {"kind": "service", "name": "s", "model": "m"}

@@ -9,9 +9,10 @@ import sqlite3
 import pytest
 
 from aicluster.core.lifecycle import IllegalTransition, JobStatus, Reason
-from aicluster.spec import load_spec_text
+from aicluster.specs import load_spec_text
 from aicluster.store import open_store
-from aicluster.store.db import Conflict, NotFound, Principal
+from aicluster.store.errors import Conflict, NotFound
+from aicluster.store.identity import Principal
 
 P, A, R = JobStatus.PENDING, JobStatus.ADMITTED, JobStatus.RUNNING
 S, F, C = JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED

@@ -1,1 +1,2 @@
-"""REST API (FastAPI): thin routes over control.service; a token on every route but /healthz."""
+"""REST API (FastAPI): thin routes over control.api_ops; a token on every route but /healthz
+and the dashboard's static files; bodies bounded before parsing; every status documented."""

@@ -12,19 +12,21 @@ from aicluster.api.bodies import NodeActionBody, QuotaBody, SubmitBody, TeamBody
 from aicluster.api.errors import BODY, error, install_error_handlers, responses
 from aicluster.api.limits import BodyLimitMiddleware
 from aicluster.api.strict_json import StrictJSONRoute, finite
-from aicluster.control.service import (
+from aicluster.control.api_ops import (
     AmbiguousJobName,
+    ApiOps,
     BadRequest,
     ForbiddenError,
     NotFoundError,
-    Services,
 )
 from aicluster.control.snapshot import allocations, job_workload
 from aicluster.core.lifecycle import JobStatus
 from aicluster.core.model import Quota, Res
-from aicluster.spec.limits import INT64_MAX, MAX_TEXT
-from aicluster.spec.names import NAME_PATTERN
-from aicluster.store.db import Conflict, JobRecord, NotFound, Principal
+from aicluster.specs.limits import INT64_MAX, MAX_TEXT
+from aicluster.specs.names import NAME_PATTERN
+from aicluster.store.errors import Conflict, NotFound
+from aicluster.store.identity import Principal
+from aicluster.store.jobs import JobRecord
 
 _bearer = HTTPBearer(auto_error=False)
 
@@ -59,7 +61,7 @@ TeamName = Path(pattern=NAME_PATTERN, max_length=63, description="a team")
 PoolName = Path(pattern=NAME_PATTERN, max_length=63, description="a pool")
 
 
-def create_app(services: Services, routers=()) -> FastAPI:
+def create_app(services: ApiOps, routers=()) -> FastAPI:
     """`routers`: factories `(principal_dependency) -> APIRouter` for more routes
     (services, the gateway, artifacts), so each part authenticates the same way."""
     app = FastAPI(title="aicluster", version="0.1.0", description="aicluster control-plane API")
@@ -215,7 +217,7 @@ def create_app(services: Services, routers=()) -> FastAPI:
 
 
 def job_token_may(method: str, path: str) -> bool:
-    """The routes a job's scoped token reaches (store.db.Principal says which artifacts)."""
+    """The routes a job's scoped token reaches (store.identity.Principal says which artifacts)."""
     if path == "/v1/whoami":
         return True
     if path.startswith("/v1/artifacts/uploads"):

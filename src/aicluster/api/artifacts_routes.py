@@ -30,8 +30,8 @@ from starlette.concurrency import run_in_threadpool
 from aicluster.api.errors import ErrorBody
 from aicluster.artifacts.manifest import MAX_FILES, MAX_SIZE, ManifestError
 from aicluster.artifacts.names import RefError
+from aicluster.control.api_ops import BadRequest
 from aicluster.control.artifacts import MAX_JOB_ID, ArtifactService
-from aicluster.control.service import BadRequest
 from aicluster.store.artifacts import (
     ArtifactRecord,
     BlobCorrupt,

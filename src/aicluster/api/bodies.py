@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from aicluster.spec.limits import INT64_MAX, MAX_SECONDS, MAX_WORKDIR_BYTES
-from aicluster.spec.names import Name
+from aicluster.specs.limits import INT64_MAX, MAX_SECONDS, MAX_WORKDIR_BYTES
+from aicluster.specs.names import Name
 
 # base64 of the largest working directory the API accepts (spec.limits), with padding
 MAX_WORKDIR_B64 = -(-MAX_WORKDIR_BYTES // 3) * 4

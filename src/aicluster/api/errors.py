@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from aicluster.spec.errors import SpecError
+from aicluster.specs.errors import SpecError
 
 
 class ErrorIssue(BaseModel):

@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Callable
 
-from aicluster.spec.limits import MAX_WORKDIR_BYTES
+from aicluster.specs.limits import MAX_WORKDIR_BYTES
 
 MiB = 2**20
 DEFAULT_LIMIT = 1 * MiB

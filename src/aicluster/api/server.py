@@ -66,15 +66,15 @@ class ControlPlane:
         from aicluster.api.artifacts_routes import artifact_router
         from aicluster.api.metrics_routes import metrics_router
         from aicluster.api.services_routes import services_router
+        from aicluster.control.api_ops import ApiOps
         from aicluster.control.artifacts import ArtifactService
-        from aicluster.control.controller import Controller
+        from aicluster.control.endpoint_ops import EndpointOps
         from aicluster.control.endpoints import EndpointTable
+        from aicluster.control.jobs_loop import Controller
         from aicluster.control.logs import LogStore
         from aicluster.control.metrics import Metrics, StateCollector
         from aicluster.control.nodes_loop import NodeLoop
         from aicluster.control.sandboxing import Sandboxing
-        from aicluster.control.service import Services
-        from aicluster.control.service_ops import ServiceOps
         from aicluster.control.services_loop import ServiceLoop
         from aicluster.engine.health import HealthAgents
         from aicluster.engine.ray_engine import NAMESPACE, RayEngine
@@ -141,7 +141,7 @@ class ControlPlane:
         )
         self.services.artifact_nodes = self.controller.artifact_nodes  # one locality map
         self.controller.sources.append(self.services)
-        ops = ServiceOps(service_store, table, notify=wake, artifacts=self.artifacts)
+        ops = EndpointOps(service_store, table, notify=wake, artifacts=self.artifacts)
         self.metrics.add_state(
             StateCollector(
                 self.store, self.engine, self.services, node_states=self.node_loop.nodes.all
@@ -149,7 +149,7 @@ class ControlPlane:
         )
         self.gateway = Gateway(table, self._people_only, metrics=self.metrics)
         self.app = create_app(
-            Services(
+            ApiOps(
                 self.store,
                 self.engine,
                 logs,

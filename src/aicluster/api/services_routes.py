@@ -10,7 +10,7 @@ from pydantic import Field
 from aicluster.api.bodies import Body
 from aicluster.api.errors import BODY, responses
 from aicluster.api.strict_json import StrictJSONRoute, finite
-from aicluster.control.service_ops import ServiceOps
+from aicluster.control.endpoint_ops import EndpointOps
 from aicluster.store.services import ServiceRecord
 
 
@@ -26,7 +26,7 @@ ServiceName = Path(max_length=63, description="a service of the caller's team")
 TeamQuery = Query(default=None, max_length=63, description="admins: the service's team")
 
 
-def service_json(ops: ServiceOps, svc: ServiceRecord, with_history: bool = False) -> dict:
+def service_json(ops: EndpointOps, svc: ServiceRecord, with_history: bool = False) -> dict:
     reps = ops.replicas(svc, live_only=not with_history)
     demand = ops.table.demand(svc.team, svc.name)
     d = {
@@ -48,7 +48,7 @@ def service_json(ops: ServiceOps, svc: ServiceRecord, with_history: bool = False
     return finite(d)
 
 
-def services_router(ops: ServiceOps, principal) -> APIRouter:
+def services_router(ops: EndpointOps, principal) -> APIRouter:
     r = APIRouter(route_class=StrictJSONRoute)
 
     @r.post("/v1/services", status_code=201, responses=responses(401, 403, 404, 409, *BODY))

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import HTTPException, Request, Response
 from fastapi.routing import APIRoute
 
-from aicluster.spec.limits import INT64_MAX
+from aicluster.specs.limits import INT64_MAX
 
 MAX_DEPTH = 32
 

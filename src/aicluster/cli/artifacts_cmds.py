@@ -167,7 +167,7 @@ def pull(
 
 
 def _size(text: str) -> int:
-    from aicluster.spec.job import parse_memory
+    from aicluster.specs.job import parse_memory
 
     try:
         return parse_memory(text)

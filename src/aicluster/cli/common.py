@@ -22,7 +22,7 @@ import typer
 from aicluster.cli import output as out
 from aicluster.cli.config import load_client_config
 from aicluster.client.api import ApiError, Client
-from aicluster.spec import SpecError
+from aicluster.specs import SpecError
 
 
 class OutputFormat(str, Enum):

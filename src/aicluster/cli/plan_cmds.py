@@ -31,9 +31,9 @@ from aicluster.planner.inputs import PlanInputError, resolve
 from aicluster.planner.inventory import fit_inventory
 from aicluster.planner.plan import make_plan, plan_to_dict
 from aicluster.planner.spec import PlanSpec, load_plan_spec
-from aicluster.spec import SpecError
-from aicluster.spec.errors import SpecIssue
-from aicluster.spec.loader import _line_of, _lines
+from aicluster.specs import SpecError
+from aicluster.specs.errors import SpecIssue
+from aicluster.specs.loader import _line_of, _lines
 
 SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "dim"}
 

@@ -38,7 +38,7 @@ def _node_labels(pool: str, labels: list[str] | None) -> dict[str, str]:
     """`--pool` and `--label key=value` checked: a pool is a name (spec.names); label keys and
     values are short, printable and safe in a Ray label, a metric and a log line."""
     from aicluster.engine.protocol import POOL_LABEL
-    from aicluster.spec.names import check_name
+    from aicluster.specs.names import check_name
 
     try:
         check_name(pool, "--pool")

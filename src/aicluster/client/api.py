@@ -32,8 +32,8 @@ from typing import Any
 
 import httpx
 
-from aicluster.spec import SpecError, load_spec
-from aicluster.spec.errors import SpecIssue
+from aicluster.specs import SpecError, load_spec
+from aicluster.specs.errors import SpecIssue
 
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 EXCLUDED_NAMES = frozenset({".git"})  # skipped whether file or folder

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterable, Iterator
 
 from aicluster.artifacts.manifest import Manifest, ManifestError, is_digest
 from aicluster.artifacts.names import ArtifactRef, RefError, check_tag, check_team, parse_ref
-from aicluster.control.service import BadRequest, ForbiddenError, NotFoundError
+from aicluster.control.api_ops import BadRequest, ForbiddenError, NotFoundError
 from aicluster.store.artifacts import ArtifactRecord, ArtifactStore, VersionRecord
 from aicluster.store.artifacts.index import UploadRecord
-from aicluster.store.db import Principal
+from aicluster.store.identity import Principal
 
 MAX_METADATA_BYTES = 64 << 10
 MAX_JOB_ID = 80

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from aicluster.core.model import GangRequest, NodeView, Quota, Res, RunningWorkload, Snapshot
 from aicluster.engine.protocol import NodeInfo
-from aicluster.store.db import JobRecord
+from aicluster.store.jobs import JobRecord
 
 REPLICA_PREFIX = "replica:"
 

@@ -8,7 +8,7 @@
   `lend_gpus`, plus (for the "default" cohort) the pool's GPUs that no quota covers.
 - A team with no Quota in a pool has a guarantee of 0 there, may borrow without limit
   and is in the "default" cohort; with no quotas at all, every pool is one shared
-  partition (what the foundation's FIFO did).
+  partition.
 - `Quota.cpus` / `Quota.memory`, when given, cap the team's use of them in the pool.
 
 Invariant: starting from a book where it held, after any `charge` that `admissible`

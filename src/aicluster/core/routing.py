@@ -2,8 +2,8 @@
 
 Vocabulary:
 - ReplicaState: one replica as the gateway's endpoint table sees it: its id, whether its
-  health probe passes, and the load it reports itself (running + waiting requests, scraped
-  from its metrics; 0 when unknown).
+  health probe passes, and the load it reports itself (running + waiting requests; nothing
+  fills it in yet, so it is 0 and the load is the gateway's own count).
 - outstanding: requests this gateway sent to a replica and not yet finished, counted by the
   policy from `on_start` / `on_finish`.
 - load: max(outstanding, reported load). The gateway's own requests are a subset of what a

@@ -11,7 +11,7 @@ A model is either a catalog name (`model: llama-3-8b`) or an explicit `architect
 
 Loading: `load_plan_spec(path)` / `load_plan_spec_text(text)` read a plan with the
 `spec` layer's `SpecLoader` (same strictness, same field-and-line errors). Plans are not
-platform specs: `aicluster.spec.load_spec` (what `submit`/`deploy` and the API use) knows
+platform specs: `aicluster.specs.load_spec` (what `submit`/`deploy` and the API use) knows
 only jobs and services, so `spec` never imports the planner.
 """
 
@@ -23,8 +23,8 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from aicluster.spec.job import _NAME, Strict
-from aicluster.spec.loader import SpecLoader
+from aicluster.specs.job import _NAME, Strict
+from aicluster.specs.loader import SpecLoader
 
 _SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 

@@ -7,8 +7,9 @@
     ...
     checkpoint.save(folder_or_file, step=step)           # rank 0 only
 
-Inside an aicluster job the platform provides AICLUSTER_URL, AICLUSTER_TOKEN (a token
-of the job's owner, revoked when the job ends), AICLUSTER_TEAM and AICLUSTER_JOB_NAME;
+Inside an aicluster job the platform provides AICLUSTER_URL, AICLUSTER_TOKEN (the job's
+scoped token: its team's artifacts, its own checkpoints; dead when the attempt ends),
+AICLUSTER_TEAM and AICLUSTER_JOB_NAME;
 checkpoints are versions of the artifact `TEAM/JOBNAME-ckpt` (kind checkpoint), so a
 job restarted or preempted onto any node resumes from the newest one. `latest()`
 materialises it through the node's blob cache. Outside a job (no AICLUSTER_TOKEN)

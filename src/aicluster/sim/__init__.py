@@ -5,7 +5,7 @@ report = summarise(simulate(jobs, cluster, policy="fair"))
 """
 
 from aicluster.sim.cluster import SimCluster, build_nodes, shared_cluster, team_cluster
-from aicluster.sim.engine import SimConfig, SimResult, simulate
+from aicluster.sim.replay import SimConfig, SimResult, simulate
 from aicluster.sim.report import Report, percentile, summarise
 from aicluster.sim.traces import (
     TINY_PHILLY_VCS,

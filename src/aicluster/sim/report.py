@@ -16,7 +16,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from aicluster.sim.engine import SimResult
+from aicluster.sim.replay import SimResult
 
 
 def percentile(values: list[float], q: float) -> float:

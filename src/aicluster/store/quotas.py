@@ -5,7 +5,8 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from aicluster.core.model import Quota
-from aicluster.store.db import NotFound, Store
+from aicluster.store.db import Store
+from aicluster.store.errors import NotFound
 from aicluster.store.quota_schema import QuotaRow
 from aicluster.store.schema import TeamRow
 

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 
 from aicluster.core.replica import LIVE, ReplicaReason, ReplicaStatus, check_replica_transition
-from aicluster.store.db import Conflict, NotFound, Store, fields_of
+from aicluster.store.db import Store
+from aicluster.store.errors import Conflict, NotFound
+from aicluster.store.jobs import fields_of
 from aicluster.store.schema import TeamRow
 from aicluster.store.service_schema import ReplicaRow, ServiceRow
 

@@ -32,7 +32,8 @@ from aicluster.store.artifacts.schema import (
     ArtifactUploadRow,
     ArtifactVersionRow,
 )
-from aicluster.store.db import Conflict, NotFound, Store
+from aicluster.store.db import Store
+from aicluster.store.errors import Conflict, NotFound
 from aicluster.store.schema import TeamRow
 
 

@@ -53,7 +53,8 @@ from aicluster.store.artifacts.backend import (
     open_backend,
 )
 from aicluster.store.artifacts.index import ArtifactIndex, UploadRecord, VersionRecord
-from aicluster.store.db import Conflict, NotFound, Store
+from aicluster.store.db import Store
+from aicluster.store.errors import Conflict, NotFound
 
 Progress = Callable[[int], None]
 

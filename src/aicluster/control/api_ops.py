@@ -1,4 +1,4 @@
-"""Service functions behind the API: every check of who may do what lives here.
+"""ApiOps: the operations behind the API routes; every check of who may do what lives here.
 
 Vocabulary: a Principal is the caller. Admins see every team; members and viewers
 see only their team's jobs, and a job of another team is reported as not found,
@@ -18,13 +18,15 @@ from pathlib import Path
 from aicluster.control.logs import LogStore
 from aicluster.core.lifecycle import JobStatus, Reason
 from aicluster.engine.protocol import Engine
-from aicluster.spec.errors import SpecError, SpecIssue
-from aicluster.spec.job import JobSpec
-from aicluster.spec.limits import MAX_WORKDIR_BYTES
-from aicluster.spec.loader import validate_spec
-from aicluster.spec.names import check_name
-from aicluster.spec.workdir import WorkdirInvalid, check_workdir_archive
-from aicluster.store.db import JobRecord, Principal, Store
+from aicluster.specs.errors import SpecError, SpecIssue
+from aicluster.specs.job import JobSpec
+from aicluster.specs.limits import MAX_WORKDIR_BYTES
+from aicluster.specs.loader import validate_spec
+from aicluster.specs.names import check_name
+from aicluster.specs.workdir import WorkdirInvalid, check_workdir_archive
+from aicluster.store.db import Store
+from aicluster.store.identity import Principal
+from aicluster.store.jobs import JobRecord
 
 # Where each other kind of spec goes instead of /v1/jobs.
 _OTHER_KINDS = {"service": "deploy it with POST /v1/services (aicluster deploy)"}
@@ -67,7 +69,7 @@ def _valid_name(value: str, what: str) -> str:
 
 
 @dataclass
-class Services:
+class ApiOps:
     store: Store
     engine: Engine
     logs: LogStore

@@ -10,18 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from aicluster.control.api_ops import BadRequest, ForbiddenError, NotFoundError
 from aicluster.control.endpoints import EndpointTable, ServiceEndpoints
-from aicluster.control.service import BadRequest, ForbiddenError, NotFoundError
 from aicluster.control.services_loop import served_model
-from aicluster.spec.errors import SpecError, SpecIssue
-from aicluster.spec.loader import validate_spec
-from aicluster.spec.service import ServiceSpec
-from aicluster.store.db import Principal
+from aicluster.specs.errors import SpecError, SpecIssue
+from aicluster.specs.loader import validate_spec
+from aicluster.specs.service import ServiceSpec
+from aicluster.store.identity import Principal
 from aicluster.store.services import ReplicaRecord, ServiceRecord, ServiceStore
 
 
 @dataclass
-class ServiceOps:
+class EndpointOps:
     services: ServiceStore
     table: EndpointTable
     notify: Callable[[], None] = lambda: None

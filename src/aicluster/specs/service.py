@@ -14,8 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, model_validator
 
-from aicluster.spec.job import _NAME, Resources, Strict
-from aicluster.spec.limits import MAX_LIST, MAX_SECONDS, MAX_TEXT
+from aicluster.specs.job import _NAME, Resources, Strict
+from aicluster.specs.limits import MAX_LIST, MAX_SECONDS, MAX_TEXT
 
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS)]
 # Engine arguments and routing options: short text keys, scalar values.

@@ -18,9 +18,9 @@ from typing import Annotated, Any, Union
 import yaml
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from aicluster.spec.errors import SpecError, SpecIssue
-from aicluster.spec.job import JobSpec
-from aicluster.spec.service import ServiceSpec
+from aicluster.specs.errors import SpecError, SpecIssue
+from aicluster.specs.job import JobSpec
+from aicluster.specs.service import ServiceSpec
 
 
 def _lines(node: yaml.Node, path: tuple = ()) -> dict[tuple, int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import tarfile
 
-from aicluster.spec.limits import MAX_WORKDIR_FILES, MAX_WORKDIR_UNPACKED
+from aicluster.specs.limits import MAX_WORKDIR_FILES, MAX_WORKDIR_UNPACKED
 
 _DEST = "/aicluster-workdir"  # any absolute folder: the filter only compares paths
 

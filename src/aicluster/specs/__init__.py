@@ -4,9 +4,9 @@ Invariant: every spec model forbids unknown fields; a spec that loads is complet
 and self-consistent, so nothing below `spec` re-validates user input.
 """
 
-from aicluster.spec.errors import SpecError
-from aicluster.spec.job import JobSpec, Resources, parse_memory
-from aicluster.spec.loader import load_spec, load_spec_text, spec_json_schema
+from aicluster.specs.errors import SpecError
+from aicluster.specs.job import JobSpec, Resources, parse_memory
+from aicluster.specs.loader import load_spec, load_spec_text, spec_json_schema
 
 __all__ = [
     "JobSpec",

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from aicluster.spec.limits import (
+from aicluster.specs.limits import (
     MAX_ARGV_ITEMS,
     MAX_COMMAND_BYTES,
     MAX_CPUS,
@@ -23,7 +23,7 @@ from aicluster.spec.limits import (
     MAX_SECONDS,
     MAX_TEXT,
 )
-from aicluster.spec.names import NAME_PATTERN
+from aicluster.specs.names import NAME_PATTERN
 
 _NAME = NAME_PATTERN  # the one naming rule (spec.names), under its historical name here
 _UNITS = {

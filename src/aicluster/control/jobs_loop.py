@@ -28,8 +28,9 @@ from aicluster.core.model import Admit, Preempt, Wait
 from aicluster.core.nodestate import NodeState
 from aicluster.core.scheduler import DEFAULT_POLICY, get_policy, plan_cycle
 from aicluster.engine.protocol import Engine, LaunchError, LaunchRequest, NodeInfo
-from aicluster.spec.job import JobSpec
-from aicluster.store.db import JobRecord, Store
+from aicluster.specs.job import JobSpec
+from aicluster.store.db import Store
+from aicluster.store.jobs import JobRecord
 
 log = logging.getLogger(__name__)
 ACTIVE = (JobStatus.ADMITTED, JobStatus.RUNNING)

@@ -1,0 +1,252 @@
+"""Jobs and events in the state store: compare-and-set transitions along the lifecycle
+table (core.lifecycle), each with its event, and records that are plain values."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from aicluster.core.lifecycle import JobStatus, Reason, check_transition
+from aicluster.store.errors import Conflict, NotFound
+from aicluster.store.schema import EventRow, JobRow, TeamRow
+
+
+def fields_of(cls, row) -> dict:
+    """The row's values for every field of the record dataclass `cls`."""
+    return {c: getattr(row, c) for c in cls.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    seq: int
+    name: str
+    team: str
+    owner: str
+    spec: dict
+    status: JobStatus
+    reason: str | None
+    message: str | None
+    exit_code: int | None
+    priority: int
+    restarts: int
+    attempt: int
+    placement: list | None
+    workdir: str | None
+    created_at: float
+    updated_at: float
+    started_at: float | None
+    finished_at: float | None
+
+    @classmethod
+    def of(cls, row: JobRow) -> JobRecord:
+        return cls(**{**fields_of(cls, row), "status": JobStatus(row.status)})
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    id: int
+    ts: float
+    kind: str
+    object_id: str
+    team: str | None
+    type: str
+    from_status: str | None
+    to_status: str | None
+    reason: str | None
+    message: str | None
+    actor: str | None
+
+    @classmethod
+    def of(cls, row: EventRow) -> EventRecord:
+        return cls(**fields_of(cls, row))
+
+
+class JobStore:
+    """Jobs and the event log; mixed into store.db.Store (its session and clock)."""
+
+    # -- jobs -------------------------------------------------------------------
+
+    def create_job(self, spec: dict, owner: str, workdir: str | None = None) -> JobRecord:
+        for _ in range(5):  # the id's random suffix may, rarely, be taken
+            try:
+                return self._create_job(spec, owner, workdir)
+            except IntegrityError:
+                continue
+        raise Conflict(f"could not allocate an id for job {spec['name']!r}")
+
+    def _create_job(self, spec: dict, owner: str, workdir: str | None) -> JobRecord:
+        now = self.clock()
+        with self._session.begin() as s:
+            if s.get(TeamRow, spec["team"]) is None:
+                raise NotFound(f"team {spec['team']!r} does not exist")
+            row = JobRow(
+                id=f"{spec['name']}-{secrets.token_hex(3)}",
+                name=spec["name"],
+                team=spec["team"],
+                owner=owner,
+                spec=spec,
+                status=JobStatus.PENDING.value,
+                reason=Reason.SUBMITTED.value,
+                priority=spec.get("priority", 0),
+                restarts=0,
+                attempt=0,
+                workdir=workdir,
+                created_at=now,
+                updated_at=now,
+            )
+            s.add(row)
+            s.flush()
+            self._event(
+                s,
+                "job",
+                row.id,
+                row.team,
+                "JobSubmitted",
+                None,
+                "PENDING",
+                Reason.SUBMITTED,
+                f"{spec['workers']} worker(s)",
+                owner,
+            )
+            return JobRecord.of(row)
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        with self._session() as s:
+            row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
+            return JobRecord.of(row) if row else None
+
+    def newest_jobs_named(self, name: str, team: str | None = None) -> list[JobRecord]:
+        """The newest job called `name` in each team that has one (in `team` alone when
+        given), newest first. One query on the (name, team) index: `seq` orders submissions,
+        so the greatest `seq` per team is its newest job of that name."""
+        newest = select(func.max(JobRow.seq)).where(JobRow.name == name)
+        if team is not None:
+            newest = newest.where(JobRow.team == team)
+        q = select(JobRow).where(JobRow.seq.in_(newest.group_by(JobRow.team)))
+        with self._session() as s:
+            return [JobRecord.of(r) for r in s.scalars(q.order_by(JobRow.seq.desc()))]
+
+    def list_jobs(
+        self,
+        team: str | None = None,
+        statuses: Iterable[JobStatus] | None = None,
+        limit: int = 1000,
+    ) -> list[JobRecord]:
+        q = select(JobRow).order_by(JobRow.seq.desc()).limit(limit)
+        if team is not None:
+            q = q.where(JobRow.team == team)
+        if statuses is not None:
+            q = q.where(JobRow.status.in_([st.value for st in statuses]))
+        with self._session() as s:
+            return [JobRecord.of(r) for r in s.scalars(q)]
+
+    def transition(
+        self,
+        job_id: str,
+        src: JobStatus,
+        dst: JobStatus,
+        reason: Reason,
+        message: str | None = None,
+        actor: str | None = None,
+        **fields,
+    ) -> JobRecord | None:
+        """Compare-and-set the status; write the Event in the same transaction.
+
+        Returns the new record, or None when the job was no longer in `src`.
+        """
+        check_transition(src, dst)
+        now = self.clock()
+        values = dict(status=dst.value, reason=reason.value, message=message, updated_at=now)
+        if dst == JobStatus.RUNNING:
+            values["started_at"] = now
+        if dst.terminal:
+            values["finished_at"] = now
+        values.update(fields)
+        with self._session.begin() as s:
+            res = s.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.status == src.value)
+                .values(**values)
+            )
+            if res.rowcount != 1:
+                return None
+            row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
+            self._event(
+                s,
+                "job",
+                job_id,
+                row.team,
+                "JobTransition",
+                src.value,
+                dst.value,
+                reason,
+                message,
+                actor,
+            )
+            return JobRecord.of(row)
+
+    def set_wait_message(self, job_id: str, message: str) -> bool:
+        """Record why a PENDING job waits; an Event only when the reason changes."""
+        with self._session.begin() as s:
+            row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
+            if row is None or row.status != JobStatus.PENDING.value or row.message == message:
+                return False
+            row.message = message
+            row.updated_at = self.clock()
+            self._event(s, "job", job_id, row.team, "JobWaiting", message=message)
+            return True
+
+    # -- events -----------------------------------------------------------------
+
+    def add_event(self, kind: str, object_id: str, team: str | None, type_: str, **kw) -> None:
+        with self._session.begin() as s:
+            self._event(s, kind, object_id, team, type_, **kw)
+
+    def _event(
+        self,
+        s: Session,
+        kind,
+        object_id,
+        team,
+        type_,
+        from_status=None,
+        to_status=None,
+        reason=None,
+        message=None,
+        actor=None,
+    ) -> None:
+        s.add(
+            EventRow(
+                ts=self.clock(),
+                kind=kind,
+                object_id=object_id,
+                team=team,
+                type=type_,
+                from_status=from_status,
+                to_status=to_status,
+                reason=str(reason) if reason else None,
+                message=message,
+                actor=actor,
+            )
+        )
+
+    def list_events(
+        self,
+        team: str | None = None,
+        object_id: str | None = None,
+        after: int = 0,
+        limit: int = 500,
+    ) -> list[EventRecord]:
+        q = select(EventRow).where(EventRow.id > after).order_by(EventRow.id).limit(limit)
+        if team is not None:
+            q = q.where(EventRow.team == team)
+        if object_id is not None:
+            q = q.where(EventRow.object_id == object_id)
+        with self._session() as s:
+            return [EventRecord.of(r) for r in s.scalars(q)]
