@@ -34,7 +34,7 @@ def test_node_death_fails_or_requeues_its_jobs(ray_cluster, admin):
     requeued = wait_for(
         lambda: (j := admin.job(retry["id"]))["restarts"] == 1 and j, timeout=60, what="requeue"
     )
-    assert requeued["status"] == "PENDING"
+    assert requeued["status"] == "PENDING" and requeued["requeue_cause"] == "node_lost"
     assert any(
         e["reason"] == "requeued" and e["message"].startswith("node_lost")
         for e in requeued["events"]

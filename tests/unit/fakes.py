@@ -93,6 +93,7 @@ class FakeWorker:
     exit_code: int | None = None
     lost: bool = False
     log: bytes = b""
+    started: bool = True  # False: the launch returned but the worker never came up
 
 
 @dataclass
@@ -119,8 +120,19 @@ class FakeEngine:
         # as the test wants (set by default).
         self.launch_gate = threading.Event()
         self.launch_gate.set()
+        self.held: set[str] = set()  # job ids whose launched workers do not start
 
     # -- scripting (the test's side) ---------------------------------------------------
+
+    def hold(self, job_id: str) -> None:
+        """The job's gangs launch, but their workers report not started until `release`."""
+        with self._lock:
+            self.held.add(job_id)
+
+    def release(self, job_id: str) -> None:
+        """The job's gangs launched from now on start."""
+        with self._lock:
+            self.held.discard(job_id)
 
     def add_node(self, info: NodeInfo) -> None:
         with self._lock:
@@ -188,8 +200,12 @@ class FakeEngine:
             return self._nodes[req.placement[0]].address, 29500 + len(self.launched)
 
     def _start(self, req: LaunchRequest) -> None:
-        workers = [FakeWorker(rank, node_id) for rank, node_id in enumerate(req.placement)]
         with self._lock:
+            started = req.job_id not in self.held
+            workers = [
+                FakeWorker(rank, node_id, started=started)
+                for rank, node_id in enumerate(req.placement)
+            ]
             self.gangs[(req.job_id, req.attempt)] = FakeGang(req, workers)
 
     def status(self, job_id: str, attempt: int, offsets: list[int]) -> list[WorkerState]:
@@ -202,7 +218,9 @@ class FakeEngine:
                     continue
                 w = gang.workers[rank]
                 out.append(
-                    WorkerState(rank, True, w.exit_code, False, w.log[offset:], pid=10_000 + rank)
+                    WorkerState(
+                        rank, w.started, w.exit_code, False, w.log[offset:], pid=10_000 + rank
+                    )
                 )
             return out
 

@@ -12,7 +12,8 @@ import pytest
 from aicluster.control.api_ops import ApiOps
 from aicluster.control.jobs_loop import GC_EVERY_S, NODE_DEATH_GRACE_S, Controller
 from aicluster.control.logs import LogStore
-from aicluster.core.lifecycle import JobStatus
+from aicluster.control.metrics import Metrics
+from aicluster.core.lifecycle import JobStatus, RequeueCause
 from aicluster.core.model import Quota
 from aicluster.engine.protocol import Engine
 from aicluster.specs.job import JobSpec
@@ -55,7 +56,7 @@ class World:
 
     def submit(self, name: str = "train", **spec) -> str:
         doc = JobSpec.model_validate({"name": name, "command": "python train.py", **spec})
-        return self.store.create_job(doc.model_dump(mode="json"), "admin").id
+        return self.store.create_job(doc, "admin").id
 
     def tick(self) -> None:
         """One pass, then let the launches it started finish."""
@@ -170,6 +171,7 @@ def test_a_launch_failure_is_retried_within_the_restart_budget(world):
     assert job.restarts == 1 and job.attempt == 2
     requeue = [e for e in world.store.list_events(object_id=job_id) if e.reason == "requeued"]
     assert requeue[0].message.startswith("launch_failed: placement group not ready")
+    assert job.requeue_cause is RequeueCause.LAUNCH_FAILED
     world.tick()
     job = world.job(job_id)
     assert (job.status, job.reason) == (JobStatus.FAILED, "launch_failed")
@@ -189,7 +191,9 @@ def test_a_lost_node_requeues_the_job_then_fails_it_node_lost_after_max_restarts
     assert "restart 1 of 1" in requeue[-1].message
     assert job.restarts == 1 and job.attempt == 2, "requeued and placed again"
     assert job.placement != first.placement and (job_id, 1) in world.engine.stopped
+    assert job.requeue_cause is RequeueCause.NODE_LOST
     second = world.run(job_id)
+    assert second.requeue_cause is RequeueCause.NODE_LOST, "the latest requeue's, still"
     started = [e for e in world.store.list_events(object_id=job_id) if e.to_status == "RUNNING"]
     assert started[-1].message.startswith("recovered ") and "after node_lost" in started[-1].message
     world.engine.kill_node(second.placement[0])
@@ -209,6 +213,27 @@ def test_a_vanished_worker_on_a_live_node_is_given_the_node_death_grace(world):
     job = world.job(job_id)
     assert (job.status, job.reason) == (JobStatus.FAILED, "worker_lost")
     assert job.message == "rank 0: worker process vanished"
+    assert job.requeue_cause is None, "never requeued"
+
+
+def test_a_vanished_worker_within_the_restart_budget_is_requeued_worker_lost(world):
+    world.ctrl.metrics = Metrics()
+    job_id = world.submit(max_restarts=1)
+    world.run(job_id)
+    world.engine.lose(job_id, 0)
+    world.tick()  # first seen lost: the node death grace starts now
+    world.clock.advance(NODE_DEATH_GRACE_S + 1)
+    world.tick()  # requeued, and admitted again at once
+    job = world.job(job_id)
+    assert (job.requeue_cause, job.restarts, job.attempt) == (RequeueCause.WORKER_LOST, 1, 2)
+    world.clock.advance(2)
+    world.run(job_id)
+    assert world.job(job_id).message.startswith("recovered ")
+    assert world.job(job_id).message.endswith("after worker_lost")
+    samples = world.ctrl.metrics.registry.get_sample_value(
+        "aicluster_job_recovery_seconds_count", {"cause": "worker_lost"}
+    )
+    assert samples == 1
 
 
 def test_a_new_controller_adopts_a_gang_its_predecessor_launched(world):
@@ -219,6 +244,25 @@ def test_a_new_controller_adopts_a_gang_its_predecessor_launched(world):
     world.ctrl = world.controller()
     world.tick()
     assert world.job(job_id).status == R and len(world.engine.launched) == 1
+    assert world.job(job_id).requeue_cause is None
+
+
+def test_a_launch_its_predecessor_left_unstarted_is_redone_control_plane_restarted(world):
+    job_id = world.submit()
+    world.engine.hold(job_id)  # the gang is launched, but its workers never come up
+    world.tick()  # admitted and launched, then this control plane "dies"
+    assert world.job(job_id).status == A
+    world.ctrl.close()
+    world.ctrl = world.controller()
+    world.engine.release(job_id)
+    world.tick()
+    job = world.job(job_id)
+    assert (job_id, 1) in world.engine.stopped
+    assert job.requeue_cause is RequeueCause.CONTROL_PLANE_RESTARTED and job.restarts == 0
+    requeue = [e for e in world.store.list_events(object_id=job_id) if e.reason == "requeued"]
+    assert requeue[-1].message == "control plane restarted during launch"
+    job = world.run(job_id)
+    assert job.attempt == 2 and job.message.endswith("after control_plane_restarted")
 
 
 # -- preemption --------------------------------------------------------------------------
@@ -242,6 +286,7 @@ def test_a_team_reclaiming_its_quota_preempts_a_borrower_without_spending_a_rest
         if (e.message or "").startswith("preempted")
     ]
     assert preempted and ("owner" in preempted[0].message or "guarantee" in preempted[0].message)
+    assert job.requeue_cause is RequeueCause.PREEMPTED
     assert (borrower, 1) in w.engine.stopped
     assert any(q[0] == borrower for q in w.ctrl.queue)
     w.engine.exit(owner, 0)

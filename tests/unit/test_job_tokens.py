@@ -38,7 +38,7 @@ def store(tmp_path, clock):
 
 
 def running_job(store, owner="root-ish", team="ml", attempt=1):
-    spec = load_spec_text(f"kind: job\nname: train\nteam: {team}\ncommand: x\n").model_dump()
+    spec = load_spec_text(f"kind: job\nname: train\nteam: {team}\ncommand: x\n")
     job = store.create_job(spec, owner)
     store.transition(job.id, P, A, Reason.ADMITTED, attempt=attempt)
     store.transition(job.id, A, R, Reason.STARTED)

@@ -10,7 +10,7 @@ import pytest
 from aicluster.control.jobs_loop import NODE_DEATH_GRACE_S, Controller
 from aicluster.control.logs import LogStore
 from aicluster.control.nodes_loop import NodeLoop
-from aicluster.core.lifecycle import JobStatus
+from aicluster.core.lifecycle import JobStatus, RequeueCause
 from aicluster.core.nodestate import NodeState as NS
 from aicluster.specs.job import JobSpec
 from aicluster.store.nodes import NodeStore
@@ -42,7 +42,7 @@ class World:
 
     def submit(self, **spec) -> str:
         doc = JobSpec.model_validate({"name": "job", "command": "true", **spec})
-        return self.store.create_job(doc.model_dump(mode="json"), "admin").id
+        return self.store.create_job(doc, "admin").id
 
     def tick(self, n: int = 1) -> None:
         for _ in range(n):
@@ -176,6 +176,7 @@ def test_a_draining_nodes_jobs_are_requeued_after_the_grace_then_it_is_cordoned(
     assert (job.status, job.restarts) == (JobStatus.PENDING, 0), "a drain spends no restart"
     requeue = [e for e in world.store.list_events(object_id=job_id) if e.reason == "requeued"]
     assert requeue[-1].message.startswith("node_drained")
+    assert job.requeue_cause is RequeueCause.NODE_DRAINED
     assert (job_id, 1) in world.engine.stopped
     assert world.loop.nodes.get(on).state == NS.CORDONED, "nothing of aicluster left on it"
     world.tick(2)

@@ -13,8 +13,9 @@ from aicluster.control.endpoints import EndpointTable
 from aicluster.control.jobs_loop import GC_EVERY_S, Controller
 from aicluster.control.logs import LogStore
 from aicluster.control.nodes_loop import NodeLoop
-from aicluster.control.services_loop import ServiceLoop, gang_id
+from aicluster.control.services_loop import ServiceLoop
 from aicluster.core.nodestate import NodeState
+from aicluster.core.replica import ReplicaId
 from aicluster.core.replica import ReplicaStatus as RS
 from aicluster.runtime.replica_auth import SECRET_HEADER
 from aicluster.store.identity import Principal
@@ -110,7 +111,9 @@ def test_replicas_are_launched_up_to_min_and_published_when_ready(world):
     starting = world.replicas(RS.STARTING)
     assert len(starting) == 2 and world.endpoints() == []
     assert {r.node_id for r in starting} <= {"n1", "n2"}
-    assert {req.job_id for req in world.engine.launched} == {gang_id(r.id) for r in starting}
+    assert {req.job_id for req in world.engine.launched} == {
+        ReplicaId(r.id).gang_id for r in starting
+    }
     world.tick()  # launches finished, probes answered
     ready = world.replicas(RS.READY)
     assert len(ready) == 2 and world.endpoints() == sorted(r.id for r in ready)
@@ -127,7 +130,7 @@ def test_a_replica_whose_engine_exits_is_failed_and_replaced(world):
     world.deploy(lo=2)
     world.tick(2)
     victim = world.replicas(RS.READY)[0]
-    world.engine.exit(gang_id(victim.id), 1)
+    world.engine.exit(ReplicaId(victim.id).gang_id, 1)
     world.tick()
     dead = next(r for r in world.replicas(live_only=False) if r.id == victim.id)
     assert (dead.status, dead.reason) == (RS.FAILED, "engine_exited")
@@ -159,7 +162,7 @@ def test_a_replica_that_never_answers_fails_after_its_readiness_timeout(world):
     world.tick()
     dead = next(r for r in world.replicas(live_only=False) if r.id == rep.id)
     assert (dead.status, dead.reason) == (RS.FAILED, "not_ready_in_time")
-    assert (gang_id(rep.id), 1) in world.engine.stopped
+    assert (ReplicaId(rep.id).gang_id, 1) in world.engine.stopped
     world.probe.down.clear()
     world.tick(2)
     assert len(world.replicas(RS.READY)) == 1
@@ -175,7 +178,7 @@ def test_scaling_down_stops_replicas_and_their_gangs(world):
     stopped = [r for r in world.replicas(live_only=False) if r.status == RS.STOPPED]
     assert len(stopped) == 2 and {r.reason for r in stopped} == {"scaled_down"}
     assert len(world.replicas(RS.READY)) == 1 and len(world.endpoints()) == 1
-    assert {gang_id(r.id) for r in stopped} == {g for g, _a in world.engine.stopped}
+    assert {ReplicaId(r.id).gang_id for r in stopped} == {g for g, _a in world.engine.stopped}
     world.clock.advance(GC_EVERY_S)
     world.tick()
     assert len(world.engine.running_gangs()) == 1

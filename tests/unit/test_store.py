@@ -4,12 +4,14 @@ transitions, and the event log. Real SQLite files under tmp_path, a fake clock."
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 
 import pytest
 
-from aicluster.core.lifecycle import IllegalTransition, JobStatus, Reason
+from aicluster.core.lifecycle import IllegalTransition, JobStatus, Reason, RequeueCause
 from aicluster.specs import load_spec_text
+from aicluster.specs.job import JobSpec
 from aicluster.store import open_store
 from aicluster.store.errors import Conflict, NotFound
 from aicluster.store.identity import Principal
@@ -57,9 +59,9 @@ def ml(store):
     return store
 
 
-def spec(name="train", team="ml", workers=2, priority=0) -> dict:
+def spec(name="train", team="ml", workers=2, priority=0) -> JobSpec:
     text = f"kind: job\nname: {name}\nteam: {team}\nworkers: {workers}\ncommand: x\npriority: {priority}\n"
-    return load_spec_text(text).model_dump()
+    return load_spec_text(text)
 
 
 def raw_rows(db_path, table):
@@ -223,6 +225,39 @@ def test_create_job_without_workdir(ml):
     assert ml.get_job(job.id).workdir is None
 
 
+def test_the_spec_is_stored_as_json_and_read_back_typed(ml, db_path):
+    s = load_spec_text(
+        "kind: job\nname: train\nteam: ml\ncommand: [python, t.py]\n"
+        "resources: {gpus: 2, memory: 1Gi}\nmax_restarts: 3\n"
+        "outputs: [{path: out, artifact: weights}]\n"
+    )
+    job = ml.create_job(s, "ann")
+    assert isinstance(job.spec, JobSpec) and job.spec == s
+    assert job.spec.resources.gpus == 2 and job.spec.resources.memory == 2**30
+    assert job.spec.outputs[0].kind == "model"
+    con = sqlite3.connect(db_path)
+    try:
+        (column,) = con.execute("SELECT spec FROM jobs WHERE id = ?", (job.id,)).fetchone()
+    finally:
+        con.close()
+    assert json.loads(column) == s.model_dump(mode="json")
+
+
+def test_a_spec_written_before_reads_back_with_its_defaults(ml, db_path):
+    """A row whose JSON lacks fields with defaults (written by an older control plane)."""
+    job = ml.create_job(spec(), "ann")
+    con = sqlite3.connect(db_path)
+    try:
+        old = {"kind": "job", "name": "train", "team": "ml", "workers": 2, "command": "x"}
+        con.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(old), job.id))
+        con.commit()
+    finally:
+        con.close()
+    back = ml.get_job(job.id).spec
+    assert back.workers == 2 and back.max_restarts == 0 and back.resources.cpus == 1.0
+    assert back.inputs == [] and back.outputs == [] and back.max_pending_seconds is None
+
+
 def test_create_job_takes_priority_from_spec(ml):
     assert ml.create_job(spec(priority=7), "ann").priority == 7
 
@@ -347,17 +382,42 @@ def test_requeue_goes_back_to_pending_and_can_count_restarts(ml, clock):
     job = ml.create_job(spec(), "ann")
     ml.transition(job.id, P, A, Reason.ADMITTED)
     ml.transition(job.id, A, R, Reason.STARTED)
-    rec = ml.transition(job.id, R, P, Reason.REQUEUED, "node lost", restarts=1, attempt=1)
+    assert job.requeue_cause is None
+    rec = ml.transition(
+        job.id,
+        R,
+        P,
+        Reason.REQUEUED,
+        "node lost",
+        requeue_cause=RequeueCause.NODE_LOST,
+        restarts=1,
+        attempt=1,
+    )
     assert rec.status is P
     assert (rec.restarts, rec.attempt) == (1, 1)
     assert rec.finished_at is None
+    assert rec.requeue_cause is RequeueCause.NODE_LOST
+    assert ml.get_job(job.id).requeue_cause is RequeueCause.NODE_LOST
+    # it stays, as the cause of the latest requeue, through the next admission
+    assert ml.transition(job.id, P, A, Reason.ADMITTED).requeue_cause is RequeueCause.NODE_LOST
     statuses = [(e.from_status, e.to_status) for e in ml.list_events(object_id=job.id)]
     assert statuses == [
         (None, "PENDING"),
         ("PENDING", "ADMITTED"),
         ("ADMITTED", "RUNNING"),
         ("RUNNING", "PENDING"),
+        ("PENDING", "ADMITTED"),
     ]
+
+
+def test_a_requeue_names_its_cause_and_nothing_else_does(ml):
+    job = ml.create_job(spec(), "ann")
+    ml.transition(job.id, P, A, Reason.ADMITTED)
+    with pytest.raises(ValueError):
+        ml.transition(job.id, A, P, Reason.REQUEUED)
+    with pytest.raises(ValueError):
+        ml.transition(job.id, A, R, Reason.STARTED, requeue_cause=RequeueCause.PREEMPTED)
+    assert ml.get_job(job.id).status is A
 
 
 # -- wait messages -----------------------------------------------------------------

@@ -33,8 +33,10 @@ _bearer = HTTPBearer(auto_error=False)
 
 def job_json(job: JobRecord, events=None) -> dict:
     d = asdict(job)
+    d["spec"] = job.spec.model_dump(mode="json")  # every field, defaults included
     d["status"] = job.status.value
-    d["workers"] = int(job.spec.get("workers", 1))
+    d["requeue_cause"] = job.requeue_cause.value if job.requeue_cause else None
+    d["workers"] = job.spec.workers
     d.pop("seq", None)
     d["has_workdir"] = bool(d.pop("workdir", None))
     if events is not None:

@@ -228,7 +228,7 @@ NODE_COLUMNS: list[out.Column] = [
             str(n.get("state") or "-"), style="green" if n.get("state") == "Ready" else "yellow"
         ),
     ),
-    ("REASON", lambda n: out.shorten(n.get("reason"), 40) or "-"),
+    ("REASON", lambda n: out.shorten(n.get("reason")) or "-"),
     ("CPUS", lambda n: out.used_total(n, "cpus")),
     ("MEMORY", lambda n: out.used_total(n, "memory", out.fmt_bytes)),
     ("GPUS", lambda n: out.used_total(n, "gpus")),
@@ -264,7 +264,7 @@ EVENT_COLUMNS: list[out.Column] = [
     ("OBJECT", "object_id"),
     ("CHANGE", _change),
     ("REASON", "reason"),
-    ("MESSAGE", lambda e: out.shorten(e.get("message"), 80) or "-"),
+    ("MESSAGE", lambda e: out.shorten(e.get("message")) or "-"),
     ("ACTOR", "actor"),
 ]
 

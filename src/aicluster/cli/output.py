@@ -174,7 +174,9 @@ def fmt_number(x: float | None) -> str:
         return "-"
 
 
-def shorten(text: str | None, width: int = 60) -> str:
+def shorten(text: str | None, width: int = 1000) -> str:
+    """One line of at most `width` characters; a table folds it to the terminal's width,
+    so a wide terminal (or a pipe) shows the whole reason."""
     text = " ".join((text or "").split())
     return text if len(text) <= width else text[: width - 1] + "…"
 
@@ -200,7 +202,7 @@ def final_line(job: dict) -> str:
 
 def reason_message(job: dict) -> str:
     parts = [p for p in (job.get("reason"), job.get("message")) if p]
-    return shorten(": ".join(parts), 60) if parts else "-"
+    return shorten(": ".join(parts)) if parts else "-"
 
 
 def command_text(command: object) -> str:

@@ -26,8 +26,10 @@ from rich.console import Console
 from aicluster.cli.config import home_dir
 from aicluster.engine.rayenv import ray_env, ray_token_path
 
-err = Console(stderr=True)
-out = Console()
+# soft_wrap: a printed command (`aicluster join ...`) stays one line that can be pasted,
+# whatever the terminal's width or a pipe's.
+err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True)
 
 
 _LABEL_KEY = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?")

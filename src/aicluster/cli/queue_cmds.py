@@ -28,7 +28,7 @@ def queue(
             ("WORKERS", "workers"),
             ("PRIORITY", "priority"),
             ("AGE", lambda r: out.fmt_age(r["submitted_at"])),
-            ("WAITING BECAUSE", lambda r: out.shorten(r["reason"], 90)),
+            ("WAITING BECAUSE", lambda r: out.shorten(r["reason"])),
         ],
     )
 

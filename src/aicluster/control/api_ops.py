@@ -115,7 +115,7 @@ class ApiOps:
                     "kind": "job",
                     "team": team,
                     "name": job.name,
-                    "workers": int(job.spec.get("workers", 1)),
+                    "workers": job.spec.workers,
                     "priority": job.priority,
                     "submitted_at": job.created_at,
                     "reason": reason,
@@ -183,7 +183,7 @@ class ApiOps:
             tmp = self.workdirs / f".{ref}.tmp"
             tmp.write_bytes(blob)
             tmp.replace(self.workdirs / ref)
-        job = self.store.create_job(spec.model_dump(mode="json"), who.user, ref)
+        job = self.store.create_job(spec, who.user, ref)
         self.notify()
         return job
 
@@ -287,7 +287,7 @@ class ApiOps:
         self, who: Principal, job_id: str, rank: int, attempt: int | None, offset: int
     ) -> tuple[bytes, JobRecord, int]:
         job = self.get_job(who, job_id)
-        workers = int(job.spec.get("workers", 1))
+        workers = job.spec.workers
         if not 0 <= rank < workers:
             raise BadRequest(f"rank must be between 0 and {workers - 1}")
         attempt = job.attempt if attempt is None else attempt

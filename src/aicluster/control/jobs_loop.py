@@ -22,13 +22,18 @@ from pathlib import Path
 from typing import Protocol
 
 from aicluster.control.logs import LogStore
-from aicluster.control.snapshot import artifact_keys, build_snapshot, job_workload
-from aicluster.core.lifecycle import JobStatus, Reason, failure_is_retryable
+from aicluster.control.snapshot import build_snapshot, job_artifact_keys, job_workload
+from aicluster.core.lifecycle import (
+    JobStatus,
+    Reason,
+    RequeueCause,
+    failure_is_retryable,
+    requeue_cause_of,
+)
 from aicluster.core.model import Admit, Preempt, Wait
 from aicluster.core.nodestate import NodeState
 from aicluster.core.scheduler import DEFAULT_POLICY, get_policy, plan_cycle
 from aicluster.engine.protocol import Engine, LaunchError, LaunchRequest, NodeInfo
-from aicluster.specs.job import JobSpec
 from aicluster.store.db import Store
 from aicluster.store.jobs import JobRecord
 
@@ -152,6 +157,7 @@ class Controller:
                 JobStatus.PENDING,
                 Reason.REQUEUED,
                 f"{Reason.NODE_DRAINED}: node {sorted(on)[0][:8]} drained",
+                requeue_cause=RequeueCause.NODE_DRAINED,
                 placement=None,
             )
         for source in self.sources:
@@ -191,13 +197,15 @@ class Controller:
                 JobStatus.PENDING,
                 Reason.REQUEUED,
                 "control plane restarted during launch",
+                requeue_cause=RequeueCause.CONTROL_PLANE_RESTARTED,
                 placement=None,
             )
 
     def _running(self, job: JobRecord) -> None:
         """ADMITTED -> RUNNING; after a requeue, say (and measure) how long recovery took."""
         message = None
-        if job.attempt > 1:
+        cause = job.requeue_cause
+        if job.attempt > 1 and cause is not None:
             requeues = [
                 e
                 for e in self.store.list_events(object_id=job.id)
@@ -205,10 +213,9 @@ class Controller:
             ]
             if requeues:
                 took = self.clock() - requeues[-1].ts
-                cause = (requeues[-1].message or "").split(":", 1)[0]
-                message = f"recovered {took:.1f} s after {cause}"
+                message = f"recovered {took:.1f} s after {cause.value}"
                 if self.metrics is not None:
-                    self.metrics.recovery_seconds.labels(cause).observe(took)
+                    self.metrics.recovery_seconds.labels(cause.value).observe(took)
         self.store.transition(
             job.id, JobStatus.ADMITTED, JobStatus.RUNNING, Reason.STARTED, message
         )
@@ -281,35 +288,33 @@ class Controller:
         from aicluster.artifacts.names import parse_ref
         from aicluster.store.artifacts.backend import load_storage_config
 
-        outputs = job.spec.get("outputs") or []
-        if not outputs:
+        if not job.spec.outputs:
             return []
         store, storage = self.artifacts.artifacts, load_storage_config(self.home)
         produced = []
-        for out in outputs:
-            ref = parse_ref(out["artifact"], default_team=job.team)
-            files = self.engine.scan_output(job.id, job.attempt, out["path"])
+        for out in job.spec.outputs:
+            ref = parse_ref(out.artifact, default_team=job.team)
+            files = self.engine.scan_output(job.id, job.attempt, out.path)
             up, missing = store.begin_upload(
-                ref, out.get("kind", "model"), files, producer_job=job.id, created_by=job.owner
+                ref, out.kind, files, producer_job=job.id, created_by=job.owner
             )
-            self.engine.upload_output(job.id, job.attempt, out["path"], missing, storage)
+            self.engine.upload_output(job.id, job.attempt, out.path, missing, storage)
             v = store.commit(up.id)
             produced.append(f"{v.team}/{v.name}:{v.version}")
         return produced
 
     def _resolve_inputs(self, rec: JobRecord) -> tuple[tuple[dict, ...], object | None]:
         """Manifests of the job's inputs, read as its owner, and where blobs come from."""
-        inputs = rec.spec.get("inputs") or []
-        if not inputs:
+        if not rec.spec.inputs:
             return (), None
         from aicluster.store.artifacts.backend import load_storage_config
 
         who = self.store.get_user(rec.owner)
         out = []
-        for inp in inputs:
-            name = inp["artifact"] if "/" in inp["artifact"] else f"{rec.team}/{inp['artifact']}"
+        for inp in rec.spec.inputs:
+            name = inp.artifact if "/" in inp.artifact else f"{rec.team}/{inp.artifact}"
             _version, manifest = self.artifacts.version(who, name)
-            out.append({"path": inp["path"], "env": inp.get("env"), "manifest": manifest.to_json()})
+            out.append({"path": inp.path, "env": inp.env, "manifest": manifest.to_json()})
         return tuple(out), load_storage_config(self.home)
 
     def pull_logs(self, job: JobRecord):
@@ -326,7 +331,7 @@ class Controller:
     def _end_attempt(self, job: JobRecord, reason: Reason, message: str) -> None:
         """Stop the gang; requeue within the restart budget, else fail."""
         self.engine.stop(job.id, job.attempt, len(job.placement or []))
-        max_restarts = job.spec.get("max_restarts", 0)
+        max_restarts = job.spec.max_restarts
         if failure_is_retryable(reason) and job.restarts < max_restarts:
             self.store.transition(
                 job.id,
@@ -334,6 +339,7 @@ class Controller:
                 JobStatus.PENDING,
                 Reason.REQUEUED,
                 f"{reason}: {message}; restart {job.restarts + 1} of {max_restarts}",
+                requeue_cause=requeue_cause_of(reason),
                 restarts=job.restarts + 1,
                 placement=None,
             )
@@ -394,6 +400,7 @@ class Controller:
             JobStatus.PENDING,
             Reason.REQUEUED,
             f"{Reason.PREEMPTED}: {decision.reason}",
+            requeue_cause=RequeueCause.PREEMPTED,
             placement=None,
         )
 
@@ -429,11 +436,11 @@ class Controller:
         fut = self.pool.submit(self.engine.launch, req)
         fut.add_done_callback(lambda _f: self.notify())
         self.launching[rec.id] = fut
-        for key in artifact_keys(rec.spec):
+        for key in job_artifact_keys(rec.spec):
             self.artifact_nodes.setdefault(key, set()).update(decision.placement)
 
     def _launch_request(self, rec: JobRecord, attempt: int) -> LaunchRequest:
-        spec = JobSpec.model_validate(rec.spec)
+        spec = rec.spec
         env = dict(spec.env)
         env.update(
             AICLUSTER_JOB_ID=rec.id,
@@ -462,7 +469,7 @@ class Controller:
         )
 
     def _wait(self, job: JobRecord, decision: Wait) -> None:
-        limit = job.spec.get("max_pending_seconds")
+        limit = job.spec.max_pending_seconds
         if decision.never_fits and limit and self.clock() - job.created_at > limit:
             self.store.transition(
                 job.id,
@@ -510,7 +517,7 @@ class WorkloadSource(Protocol):
 
 
 def _spec_workers(job: JobRecord | None) -> int:
-    return int(job.spec.get("workers", 1)) if job else 64
+    return job.spec.workers if job else 64
 
 
 __all__ = ["Controller", "LaunchError"]

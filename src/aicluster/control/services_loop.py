@@ -25,14 +25,9 @@ import httpx
 from aicluster.control.endpoints import Endpoint, EndpointTable, ReplicaSecrets, ServiceEndpoints
 from aicluster.control.logs import LogStore
 from aicluster.control.scaling import Scaler
-from aicluster.control.snapshot import (
-    REPLICA_PREFIX,
-    WorkloadView,
-    artifact_keys,
-    per_worker,
-    preferred,
-)
+from aicluster.control.snapshot import WorkloadView, artifact_keys, per_worker, preferred
 from aicluster.core.model import Admit, Preempt, Wait
+from aicluster.core.replica import ReplicaId
 from aicluster.core.replica import ReplicaReason as RR
 from aicluster.core.replica import ReplicaStatus as RS
 from aicluster.engine.protocol import Engine, LaunchRequest, NodeInfo
@@ -40,12 +35,7 @@ from aicluster.runtime.replica_auth import SECRET_ENV, SECRET_HEADER
 from aicluster.store.services import ReplicaRecord, ServiceRecord, ServiceStore
 
 log = logging.getLogger(__name__)
-GANG_PREFIX = "svc-"
 ARTIFACT_PREFIX = "artifact:"
-
-
-def gang_id(rid: str) -> str:
-    return GANG_PREFIX + rid
 
 
 def _plan(spec: dict):
@@ -143,9 +133,10 @@ class ServiceLoop:
         return [self._view(r) for r in self._live() if r.status in (RS.STARTING, RS.READY)]
 
     def apply(self, decision) -> None:
-        if not decision.workload_id.startswith(REPLICA_PREFIX):
+        replica = ReplicaId.from_workload_id(decision.workload_id)
+        if replica is None:
             return
-        rid = decision.workload_id[len(REPLICA_PREFIX) :]
+        rid = replica.value
         if isinstance(decision, Preempt):  # the service loop starts a replacement later
             rep = next((r for r in self._live() if r.id == rid), None)
             if rep is not None:
@@ -158,9 +149,10 @@ class ServiceLoop:
             self._launch(rid, decision.placement[0])
 
     def owns(self, gang: str) -> bool:
-        if not gang.startswith(GANG_PREFIX):
+        replica = ReplicaId.from_gang_id(gang)
+        if replica is None:
             return False
-        rid = gang[len(GANG_PREFIX) :]
+        rid = replica.value
         return rid in self.launching or any(r.id == rid for r in self._live())
 
     # -- internals --------------------------------------------------------------------
@@ -184,7 +176,7 @@ class ServiceLoop:
     def _view(self, rep: ReplicaRecord) -> WorkloadView:
         spec = self._spec_of(rep)
         return WorkloadView(
-            workload_id=REPLICA_PREFIX + rep.id,
+            workload_id=ReplicaId(rep.id).workload_id,
             team=rep.team,
             workers=1,
             per_worker=per_worker(spec),
@@ -214,7 +206,7 @@ class ServiceLoop:
             )
             return
         req = LaunchRequest(
-            job_id=gang_id(rid),
+            job_id=ReplicaId(rid).gang_id,
             attempt=1,
             placement=(node_id,),
             cpus=res.cpus,
@@ -302,14 +294,14 @@ class ServiceLoop:
         return rep
 
     def _pull(self, rep: ReplicaRecord):
-        gid = gang_id(rep.id)
+        gid = ReplicaId(rep.id).gang_id
         state = self.engine.status(gid, 1, [self.logs.offset(gid, 1, 0)])[0]
         self.logs.append(gid, 1, 0, state.log)
         return state
 
     def _fail(self, rep: ReplicaRecord, reason: RR, message: str) -> None:
         self.starting_since.pop(rep.id, None)
-        self.engine.stop(gang_id(rep.id), 1, 1)
+        self.engine.stop(ReplicaId(rep.id).gang_id, 1, 1)
         self.services.transition(rep.id, rep.status, RS.FAILED, reason, message)
         log.info("replica %s failed: %s", rep.id, message)
         return None
@@ -318,7 +310,7 @@ class ServiceLoop:
         # A launch still running is no longer ours: the gang it makes is garbage.
         self.launching.pop(rep.id, None)
         if rep.status != RS.PENDING:
-            self.engine.stop(gang_id(rep.id), 1, 1)
+            self.engine.stop(ReplicaId(rep.id).gang_id, 1, 1)
         self.services.transition(rep.id, rep.status, RS.STOPPED, reason)
 
     def _scale(self, svc: ServiceRecord, live: list[ReplicaRecord]) -> list[ReplicaRecord]:
@@ -355,4 +347,4 @@ def _with(rep: ReplicaRecord, **fields) -> ReplicaRecord:
     return replace(rep, **fields)
 
 
-__all__ = ["ServiceLoop", "gang_id", "replica_command"]
+__all__ = ["ServiceLoop", "replica_command"]

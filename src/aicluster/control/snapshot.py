@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 from aicluster.core.model import GangRequest, NodeView, Quota, Res, RunningWorkload, Snapshot
 from aicluster.engine.protocol import NodeInfo
+from aicluster.specs.job import JobSpec
 from aicluster.store.jobs import JobRecord
-
-REPLICA_PREFIX = "replica:"
 
 
 def per_worker(spec: dict) -> Res:
@@ -57,27 +56,38 @@ def artifact_keys(spec: dict) -> list[str]:
     return keys
 
 
+def job_artifact_keys(spec: JobSpec) -> list[str]:
+    """The artifacts a job materialises on its nodes: its inputs."""
+    return [i.artifact for i in spec.inputs]
+
+
 def preferred(spec: dict, where: dict[str, set[str]]) -> tuple[str, ...]:
     """Nodes that received this workload's artifacts before, most shared artifacts first."""
+    return nodes_holding(artifact_keys(spec), where)
+
+
+def nodes_holding(keys: list[str], where: dict[str, set[str]]) -> tuple[str, ...]:
+    """Nodes that received these artifacts before, most shared artifacts first."""
     counts: dict[str, int] = {}
-    for key in artifact_keys(spec):
+    for key in keys:
         for node_id in where.get(key, ()):
             counts[node_id] = counts.get(node_id, 0) + 1
     return tuple(sorted(counts, key=lambda n: (-counts[n], n)))
 
 
 def job_workload(job: JobRecord, where: dict[str, set[str]] | None = None) -> WorkloadView:
+    r = job.spec.resources
     return WorkloadView(
         workload_id=job.id,
         team=job.team,
-        workers=int(job.spec.get("workers", 1)),
-        per_worker=per_worker(job.spec),
-        gpu_model=job.spec.get("resources", {}).get("gpu_model"),
+        workers=job.spec.workers,
+        per_worker=Res(r.cpus, r.memory, r.gpus),
+        gpu_model=r.gpu_model,
         priority=job.priority,
         created_at=job.created_at,
         placement=tuple(job.placement) if job.placement else None,
         started_at=job.started_at or job.updated_at,
-        preferred_nodes=preferred(job.spec, where) if where else (),
+        preferred_nodes=nodes_holding(job_artifact_keys(job.spec), where) if where else (),
     )
 
 

@@ -46,6 +46,19 @@ class Reason(StrEnum):
     REQUEUED = "requeued"  # back to PENDING to restart after a failure
 
 
+class RequeueCause(StrEnum):
+    """Why a job went back to PENDING (its reason is then `requeued`); kept on the job,
+    shown as text only at the edges (API, metrics labels, messages)."""
+
+    NODE_LOST = "node_lost"
+    NODE_UNHEALTHY = "node_unhealthy"
+    WORKER_LOST = "worker_lost"
+    LAUNCH_FAILED = "launch_failed"
+    NODE_DRAINED = "node_drained"  # stopped at the end of its node's drain grace period
+    PREEMPTED = "preempted"  # stopped by the scheduler (no restart is spent)
+    CONTROL_PLANE_RESTARTED = "control_plane_restarted"  # a launch that no one finished
+
+
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
@@ -77,11 +90,20 @@ def check_transition(src: JobStatus, dst: JobStatus) -> None:
         raise IllegalTransition(src, dst)
 
 
+# Infrastructure failures, retried within max_restarts, and the requeue cause each gives.
+_RETRYABLE: dict[Reason, RequeueCause] = {
+    Reason.NODE_LOST: RequeueCause.NODE_LOST,
+    Reason.NODE_UNHEALTHY: RequeueCause.NODE_UNHEALTHY,
+    Reason.WORKER_LOST: RequeueCause.WORKER_LOST,
+    Reason.LAUNCH_FAILED: RequeueCause.LAUNCH_FAILED,
+}
+
+
 def failure_is_retryable(reason: Reason) -> bool:
     """Infrastructure failures are retried within max_restarts; user errors are not."""
-    return reason in {
-        Reason.NODE_LOST,
-        Reason.NODE_UNHEALTHY,
-        Reason.WORKER_LOST,
-        Reason.LAUNCH_FAILED,
-    }
+    return reason in _RETRYABLE
+
+
+def requeue_cause_of(reason: Reason) -> RequeueCause:
+    """The requeue cause of a retryable failure (see `failure_is_retryable`)."""
+    return _RETRYABLE[reason]

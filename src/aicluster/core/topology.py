@@ -28,6 +28,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from collections.abc import Iterable
 
+from aicluster.core.bottleneck import amount, short_dimensions, shortage
 from aicluster.core.model import GangRequest, NodeView, Res
 
 SCOPES = ("node", "nvlink", "rack", "pool")
@@ -327,8 +328,17 @@ _SCOPE_WORDS = {
 }
 
 
+def _candidates(index: FreeIndex, gang: GangRequest, pool: str) -> list[Res]:
+    """Free capacity of the pool's nodes that match the gang's GPU model."""
+    p = index.pools.get(pool)
+    if p is None:
+        return []
+    return [index.free[i] for i in p.ids if model_ok(index.node[i], gang) and i not in index.held]
+
+
 def why_no_room(index: FreeIndex, gang: GangRequest, pool: str) -> str:
-    """A sentence a user can act on, for a gang that `place` refused in `pool`."""
+    """A sentence a user can act on, for a gang that `place` refused in `pool`: it names
+    the resource that is short (core.bottleneck), not always the GPUs."""
     total = gang.total.gpus
     free = index.pool_free_gpus(pool)
     if gang.locality in ("node", "nvlink", "rack") and total <= free:
@@ -336,19 +346,38 @@ def why_no_room(index: FreeIndex, gang: GangRequest, pool: str) -> str:
             f"needs {total} GPUs within one {_SCOPE_WORDS[gang.locality]} of pool {pool}; "
             f"{free} GPUs are free but spread out"
         )
-    return f"waiting for capacity in pool {pool}: needs {describe(gang)}; {free} GPUs free"
+    where = "free" if gang.gpu_model is None else f"free on {gang.gpu_model} nodes"
+    return (
+        f"waiting for capacity in pool {pool}: needs {describe(gang)}; "
+        f"{shortage(_candidates(index, gang, pool), gang, where)}"
+    )
 
 
 def never_fits_reason(empty: FreeIndex, gang: GangRequest, pools: list[str]) -> str | None:
     """None when some pool, empty, would hold the gang; else why none could, ever."""
     if any(empty.place(gang, pool) is not None for pool in pools):
         return None
-    models = [n for n in empty.node.values() if model_ok(n, gang) and n.pool in pools]
-    if not models:
+    best = None
+    for pool in pools:
+        caps = _candidates(empty, gang, pool)
+        if caps:
+            short = short_dimensions(caps, gang)
+            key = (-len(short), sum(c.gpus for c in caps), pool)
+            if best is None or key > best[0]:
+                best = (key, short, caps)
+    if best is None:
         where = f"pool {pools[0]}" if len(pools) == 1 else "any pool"
-        return f"could never fit: no schedulable node in {where} has GPU model {gang.gpu_model}"
-    biggest = max(empty.pools[p].capacity.gpus for p in pools if p in empty.pools)
+        what = f"GPU model {gang.gpu_model}" if gang.gpu_model else "room for it"
+        return f"could never fit: no schedulable node in {where} has {what}"
+    _, short, caps = best
+    if not short:
+        how = f" within one {_SCOPE_WORDS[gang.locality]}" if gang.locality != "pool" else ""
+        return (
+            f"could never fit: needs {describe(gang)}; no set of nodes holds one worker's CPU, "
+            f"memory and GPUs together{how} ({len(caps)} matching node(s) in the largest pool)"
+        )
+    has = " and ".join(amount(d, v) for d, v in short.items())
     return (
-        f"could never fit: needs {describe(gang)}; the largest pool has {biggest} GPUs"
-        f" on {len(models)} matching node(s)"
+        f"could never fit: needs {describe(gang)}; the largest pool has {has}"
+        f" on {len(caps)} matching node(s)"
     )

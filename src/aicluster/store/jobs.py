@@ -11,7 +11,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from aicluster.core.lifecycle import JobStatus, Reason, check_transition
+from aicluster.core.lifecycle import JobStatus, Reason, RequeueCause, check_transition
+from aicluster.specs.job import JobSpec
 from aicluster.store.errors import Conflict, NotFound
 from aicluster.store.schema import EventRow, JobRow, TeamRow
 
@@ -28,10 +29,11 @@ class JobRecord:
     name: str
     team: str
     owner: str
-    spec: dict
+    spec: JobSpec  # the column holds its JSON; read back, it is the typed spec again
     status: JobStatus
     reason: str | None
     message: str | None
+    requeue_cause: RequeueCause | None  # why it last went back to PENDING; None if never
     exit_code: int | None
     priority: int
     restarts: int
@@ -45,7 +47,14 @@ class JobRecord:
 
     @classmethod
     def of(cls, row: JobRow) -> JobRecord:
-        return cls(**{**fields_of(cls, row), "status": JobStatus(row.status)})
+        return cls(
+            **{
+                **fields_of(cls, row),
+                "spec": JobSpec.model_validate(row.spec),
+                "status": JobStatus(row.status),
+                "requeue_cause": RequeueCause(row.requeue_cause) if row.requeue_cause else None,
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -72,28 +81,28 @@ class JobStore:
 
     # -- jobs -------------------------------------------------------------------
 
-    def create_job(self, spec: dict, owner: str, workdir: str | None = None) -> JobRecord:
+    def create_job(self, spec: JobSpec, owner: str, workdir: str | None = None) -> JobRecord:
         for _ in range(5):  # the id's random suffix may, rarely, be taken
             try:
                 return self._create_job(spec, owner, workdir)
             except IntegrityError:
                 continue
-        raise Conflict(f"could not allocate an id for job {spec['name']!r}")
+        raise Conflict(f"could not allocate an id for job {spec.name!r}")
 
-    def _create_job(self, spec: dict, owner: str, workdir: str | None) -> JobRecord:
+    def _create_job(self, spec: JobSpec, owner: str, workdir: str | None) -> JobRecord:
         now = self.clock()
         with self._session.begin() as s:
-            if s.get(TeamRow, spec["team"]) is None:
-                raise NotFound(f"team {spec['team']!r} does not exist")
+            if s.get(TeamRow, spec.team) is None:
+                raise NotFound(f"team {spec.team!r} does not exist")
             row = JobRow(
-                id=f"{spec['name']}-{secrets.token_hex(3)}",
-                name=spec["name"],
-                team=spec["team"],
+                id=f"{spec.name}-{secrets.token_hex(3)}",
+                name=spec.name,
+                team=spec.team,
                 owner=owner,
-                spec=spec,
+                spec=spec.model_dump(mode="json"),
                 status=JobStatus.PENDING.value,
                 reason=Reason.SUBMITTED.value,
-                priority=spec.get("priority", 0),
+                priority=spec.priority,
                 restarts=0,
                 attempt=0,
                 workdir=workdir,
@@ -111,7 +120,7 @@ class JobStore:
                 None,
                 "PENDING",
                 Reason.SUBMITTED,
-                f"{spec['workers']} worker(s)",
+                f"{spec.workers} worker(s)",
                 owner,
             )
             return JobRecord.of(row)
@@ -154,15 +163,21 @@ class JobStore:
         reason: Reason,
         message: str | None = None,
         actor: str | None = None,
+        requeue_cause: RequeueCause | None = None,
         **fields,
     ) -> JobRecord | None:
         """Compare-and-set the status; write the Event in the same transaction.
 
-        Returns the new record, or None when the job was no longer in `src`.
+        A requeue (reason `requeued`) names its `requeue_cause`; it stays on the job until
+        the next requeue. Returns the new record, or None when the job was no longer in `src`.
         """
         check_transition(src, dst)
+        if (reason == Reason.REQUEUED) != (requeue_cause is not None):
+            raise ValueError("a requeue, and only a requeue, names its requeue_cause")
         now = self.clock()
         values = dict(status=dst.value, reason=reason.value, message=message, updated_at=now)
+        if requeue_cause is not None:
+            values["requeue_cause"] = requeue_cause.value
         if dst == JobStatus.RUNNING:
             values["started_at"] = now
         if dst.terminal:

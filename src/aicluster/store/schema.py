@@ -54,6 +54,8 @@ class JobRow(Base):
     status: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # core.lifecycle.RequeueCause of the latest requeue; None while never requeued
+    requeue_cause: Mapped[str | None] = mapped_column(String(32), nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     restarts: Mapped[int] = mapped_column(Integer, default=0)
