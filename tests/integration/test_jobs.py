@@ -114,6 +114,7 @@ def test_job_larger_than_cluster_stays_pending_with_reason(admin):
     big = admin.submit(job_spec("toobig", "true", workers=3, gpus=2), None)
     waiting = wait_for(lambda: (j := admin.job(big["id"]))["message"] and j, what="a wait reason")
     assert waiting["status"] == "PENDING"
+    assert waiting["wait_kind"] == "never_fits"
     assert waiting["message"].startswith("could never fit")
     assert "4 GPU" in waiting["message"]
     # It does not block the queue.

@@ -28,6 +28,13 @@ def test_node_death_fails_or_requeues_its_jobs(ray_cluster, admin):
         admin.wait(job["id"], {"RUNNING"}, timeout=60)
 
     cluster.remove_node(node, allow_graceful=False)
+    # The first listing that shows the node dead already shows it Down (never "Ready").
+    dead = wait_for(
+        lambda: [n for n in admin.nodes() if n["gpu_model"] == "T4" and not n["alive"]],
+        interval=0.05,
+        what="the T4 node seen dead",
+    )
+    assert [n["state"] for n in dead] == ["Down"], dead
 
     failed = admin.wait(once["id"], TERMINAL, timeout=60)
     assert failed["status"] == "FAILED" and failed["reason"] == "node_lost", failed

@@ -56,7 +56,8 @@ def test_team_reclaims_quota_by_preempting_a_borrower(admin, shared_dir):
             what="a wait reason",
         )
         queue = admin.queue()
-        assert any(q["workload"] == borrower["id"] for q in queue)
+        (entry,) = [q for q in queue if q["workload"] == borrower["id"]]
+        assert entry["wait_kind"] in {"capacity", "quota", "preempting"}, entry
         assert waiting["message"]
         admin.cancel(owner["id"])
         back = admin.wait(borrower["id"], {"RUNNING"}, timeout=60)

@@ -14,7 +14,7 @@ from aicluster.control.jobs_loop import GC_EVERY_S, NODE_DEATH_GRACE_S, Controll
 from aicluster.control.logs import LogStore
 from aicluster.control.metrics import Metrics
 from aicluster.core.lifecycle import JobStatus, RequeueCause
-from aicluster.core.model import Quota
+from aicluster.core.model import Quota, WaitKind
 from aicluster.engine.protocol import Engine
 from aicluster.specs.job import JobSpec
 from aicluster.store.identity import Principal
@@ -132,6 +132,7 @@ def test_a_job_larger_than_the_cluster_waits_with_a_reason(world):
     world.tick()
     job = world.job(job_id)
     assert job.status == P and job.message.startswith("could never fit")
+    assert job.wait_kind is WaitKind.NEVER_FITS
     assert world.engine.launched == []
 
 

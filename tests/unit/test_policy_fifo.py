@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from aicluster.core.model import Admit, Res, Wait
+from aicluster.core.model import Admit, Res, Wait, WaitKind
 from aicluster.core.policies.base import arrival_key
 from aicluster.core.scheduler import POLICY_NAMES, plan_cycle
 
@@ -97,6 +97,7 @@ def test_empty_queue_gives_no_decisions(policy):
 def test_without_schedulable_nodes_every_gang_could_never_fit(policy, nodes):
     (d,) = plan(snapshot(nodes, [gang("g", gpus=1)]), policy)
     assert isinstance(d, Wait) and d.never_fits is True
+    assert d.kind is WaitKind.NEVER_FITS
     assert d.reason.startswith("could never fit")
 
 
@@ -113,6 +114,7 @@ def test_gang_waits_when_only_part_of_it_fits(policy):
     (d,) = plan(snap, policy)
     assert isinstance(d, Wait) and d.workload_id == "g3"
     assert d.never_fits is False  # the empty cluster (4 GPUs) would hold it
+    assert d.kind is WaitKind.CAPACITY
     assert d.reason.startswith("waiting for capacity") and "needs 3 x" in d.reason
 
 
@@ -147,7 +149,7 @@ def test_capacity_is_consumed_within_one_cycle(policy):
     assert sorted(w) == ["g4", "g5"]
     assert not w["g4"].never_fits and "needs 1" in w["g4"].reason
     if policy == "fifo":
-        assert w["g5"] == Wait("g5", "queued behind g4")
+        assert w["g5"] == Wait("g5", "queued behind g4", WaitKind.QUEUED_BEHIND)
 
 
 # (node, a gang that waits for it, a gang bigger than the node ever is)
@@ -245,8 +247,8 @@ def test_fifo_head_of_line_blocks_later_small_gangs_but_fair_does_not():
     assert admits(decisions) == {}
     w = waits(decisions)
     assert w["big"].never_fits is False and w["big"].reason.startswith("waiting for capacity")
-    assert w["small1"] == Wait("small1", "queued behind big")
-    assert w["small2"] == Wait("small2", "queued behind big")
+    assert w["small1"] == Wait("small1", "queued behind big", WaitKind.QUEUED_BEHIND)
+    assert w["small2"] == Wait("small2", "queued behind big", WaitKind.QUEUED_BEHIND)
     # fair is work conserving: the gang that does not fit is skipped
     assert sorted(admits(plan(snap, "fair"))) == ["small1", "small2"]
 
@@ -263,7 +265,7 @@ def test_fifo_gangs_ahead_of_the_blocker_are_still_admitted():
     decisions = plan(snap, "fifo")
     assert admits(decisions) == {"first": ("a",)}
     assert not waits(decisions)["big"].never_fits
-    assert waits(decisions)["small"] == Wait("small", "queued behind big")
+    assert waits(decisions)["small"] == Wait("small", "queued behind big", WaitKind.QUEUED_BEHIND)
 
 
 NEVER = {
@@ -297,7 +299,7 @@ def test_a_never_fitting_gang_behind_a_blocker():
     )
     d = by_id(plan(snap, "fifo"))
     assert d["blocker"].never_fits is False
-    assert d["huge"] == Wait("huge", "queued behind blocker")
+    assert d["huge"] == Wait("huge", "queued behind blocker", WaitKind.QUEUED_BEHIND)
     for policy in ("backfill", "fair"):
         d = by_id(plan(snap, policy))
         assert d["blocker"].never_fits is False
@@ -512,7 +514,7 @@ def test_randomized_fifo_replays_strict_queue_order():
         for d in decisions:
             g = gangs[d.workload_id]
             if blocker is not None:
-                assert d == Wait(g.workload_id, f"queued behind {blocker}")
+                assert d == Wait(g.workload_id, f"queued behind {blocker}", WaitKind.QUEUED_BEHIND)
                 seen["queued"] += 1
             elif _fewest_nodes(g, snap.nodes, empty) is None:
                 assert isinstance(d, Wait) and d.never_fits, d

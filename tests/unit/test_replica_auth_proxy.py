@@ -14,6 +14,7 @@ from aicluster.runtime.replica_auth import SECRET_ENV, SECRET_HEADER, AuthProxy,
 from aicluster.runtime.replica_main import secure_plan
 from aicluster.runtime.simulated_core import SimulatedEngineOptions
 from aicluster.runtime.simulated_engine import create_app
+from aicluster.specs.service import ServiceSpec
 
 from asgi_server import serving
 from harness import free_port
@@ -97,7 +98,7 @@ def _env(port: int, secret: str | None) -> dict[str, str]:
 
 
 def test_engines_that_check_the_secret_get_it_and_no_proxy():
-    spec = {"name": "svc", "model": "m", "engine": "simulated"}
+    spec = ServiceSpec(name="svc", model="m", engine="simulated")
     port = free_port()
     plan, proxy = secure_plan(spec, _env(port, SECRET))
     assert proxy is None and plan.port == port and plan.env[SECRET_ENV] == SECRET
@@ -105,7 +106,7 @@ def test_engines_that_check_the_secret_get_it_and_no_proxy():
 
 
 def test_other_engines_listen_privately_behind_the_proxy_without_the_secret():
-    spec = {"name": "svc", "model": "meta/llama", "engine": "vllm"}
+    spec = ServiceSpec(name="svc", model="meta/llama", engine="vllm")
     port = free_port()
     plan, proxy = secure_plan(spec, _env(port, SECRET))
     try:
@@ -120,7 +121,7 @@ def test_other_engines_listen_privately_behind_the_proxy_without_the_secret():
 
 
 def test_without_a_secret_nothing_changes():
-    spec = {"name": "svc", "model": "meta/llama", "engine": "vllm"}
+    spec = ServiceSpec(name="svc", model="meta/llama", engine="vllm")
     port = free_port()
     plan, proxy = secure_plan(spec, _env(port, None))
     assert proxy is None and plan.port == port

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from aicluster.core.model import Admit, Wait
+from aicluster.core.model import Admit, Wait, WaitKind
 from aicluster.core.scheduler import plan_cycle
 from aicluster.core.topology import FreeIndex
 
@@ -81,6 +81,7 @@ def test_locality_rack_waits_with_a_reason_instead_of_spanning_racks():
     (d,) = plan_cycle(snapshot(nodes, [g]), 0.0, "fair")
     assert isinstance(d, Wait) and not d.never_fits
     assert "needs 16 GPUs within one rack" in d.reason
+    assert d.kind is WaitKind.LOCALITY
 
 
 def test_a_gang_never_spans_pools():

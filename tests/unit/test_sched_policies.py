@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from aicluster.core.model import Admit, Preempt, Wait
+from aicluster.core.model import Admit, Preempt, Wait, WaitKind
 from aicluster.core.policies.fair import FairPolicy
 from aicluster.core.scheduler import get_policy, plan_cycle
 
@@ -32,6 +32,7 @@ def test_fifo_does_not_borrow_idle_quota():
     d = by_id(plan_cycle(snap, 0.0, "fifo"))
     assert d["a1"] == Admit("a1", ("n",))
     assert d["a2"].reason.startswith("quota of team a exhausted in pool default")
+    assert d["a2"].kind is WaitKind.QUOTA
 
 
 def test_fifo_head_blocks_only_its_own_partition():
@@ -48,8 +49,8 @@ def test_fifo_head_blocks_only_its_own_partition():
     )
     d = by_id(plan_cycle(snap, 0.0, "fifo"))
     assert isinstance(d["a1"], Wait) and "quota of team a" in d["a1"].reason
-    assert d["a2"] == Wait("a2", "queued behind a1")
-    assert d["a3"] == Wait("a3", "queued behind a1")
+    assert d["a2"] == Wait("a2", "queued behind a1", WaitKind.QUEUED_BEHIND)
+    assert d["a3"] == Wait("a3", "queued behind a1", WaitKind.QUEUED_BEHIND)
     assert isinstance(d["b1"], Admit)
 
 
@@ -61,6 +62,7 @@ def test_fifo_gang_larger_than_its_partition_could_never_fit():
     )
     (d,) = plan_cycle(snap, 0.0, "fifo")
     assert d.never_fits and "partition" in d.reason
+    assert d.kind is WaitKind.NEVER_FITS
 
 
 def test_without_quotas_fifo_is_one_fcfs_queue_per_pool():
@@ -72,7 +74,8 @@ def test_without_quotas_fifo_is_one_fcfs_queue_per_pool():
         ],
     )
     d = by_id(plan_cycle(snap, 0.0, "fifo"))
-    assert isinstance(d["big"], Wait) and d["small"] == Wait("small", "queued behind big")
+    assert isinstance(d["big"], Wait) and d["big"].kind is WaitKind.CAPACITY
+    assert d["small"] == Wait("small", "queued behind big", WaitKind.QUEUED_BEHIND)
 
 
 def test_unknown_policy_is_a_clear_error():
@@ -100,6 +103,7 @@ def test_backfill_starts_a_job_that_ends_before_the_shadow_time():
 def test_backfill_refuses_a_job_that_would_delay_the_head():
     d = by_id(plan_cycle(_backfill_case(500.0), 10.0, "backfill"))
     assert isinstance(d["later"], Wait) and "would delay" in d["later"].reason
+    assert d["later"].kind is WaitKind.QUEUED_BEHIND  # the head waits for the shared GPUs
     d = by_id(plan_cycle(_backfill_case(None), 10.0, "backfill"))
     assert isinstance(d["later"], Wait)
 
@@ -196,6 +200,18 @@ def _reclaim_case(**kw):
     )
 
 
+def test_backfill_holds_a_later_gang_off_the_reserved_nodes():
+    # The head is within its team's quota but waits for room: a reservation, not a queue.
+    r = running(replace(gang("r", team="o", gpus=4), runtime_limit=100.0), ["n"], started_at=0.0)
+    head = gang("head", team="t", gpus=8, submitted_at=0.0)
+    later = replace(gang("later", team="t", gpus=2, submitted_at=1.0), runtime_limit=500.0)
+    snap = qsnap([node("n", gpus=8)], [head, later], quotas=[q("t", 8)], running=[r])
+    d = by_id(plan_cycle(snap, 10.0, "backfill"))
+    assert d["head"].kind is WaitKind.CAPACITY
+    assert d["later"].kind is WaitKind.BACKFILL_RESERVATION
+    assert d["later"].reason == "waiting: starting now would delay head"
+
+
 def test_fair_reclaims_a_guarantee_by_preempting_borrowed_work_then_admits():
     snap = _reclaim_case()
     decisions = plan_cycle(snap, 30.0, "fair")
@@ -203,6 +219,7 @@ def test_fair_reclaims_a_guarantee_by_preempting_borrowed_work_then_admits():
     assert len(victims) == 2 and all("team a borrows" in p.reason for p in victims)
     assert decisions[: len(victims)] == victims  # preemptions come first
     assert "preempting 2 workload(s)" in by_id(decisions)["b1"].reason
+    assert by_id(decisions)["b1"].kind is WaitKind.PREEMPTING
     nxt = apply(snap, decisions, 30.0)
     again = plan_cycle(nxt, 31.0, "fair")
     assert isinstance(by_id(again)["b1"], Admit) and not preempts(again)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from aicluster.control.api_ops import BadRequest
 from aicluster.control.endpoint_ops import EndpointOps
 from aicluster.control.endpoints import EndpointTable
 from aicluster.control.jobs_loop import GC_EVERY_S, Controller
@@ -18,8 +19,10 @@ from aicluster.core.nodestate import NodeState
 from aicluster.core.replica import ReplicaId
 from aicluster.core.replica import ReplicaStatus as RS
 from aicluster.runtime.replica_auth import SECRET_HEADER
+from aicluster.specs.service import ServiceSpec
 from aicluster.store.identity import Principal
 from aicluster.store.nodes import NodeStore
+from aicluster.store.service_schema import ServiceRow
 from aicluster.store.services import ServiceStore
 
 from fakes import FakeAgents, FakeClock, FakeEngine, node, open_test_store, settle
@@ -232,3 +235,34 @@ def test_a_request_held_at_zero_replicas_scales_the_service_up(world):
     world.table.request_started("default", "chat", world.clock(), held=True)
     world.tick(2)
     assert len(world.replicas(RS.READY)) == 1
+
+
+def test_the_spec_reads_back_typed_from_the_store_and_drives_the_replicas(world):
+    world.deploy(
+        lo=1,
+        hi=4,
+        resources={"cpus": 2, "memory": "1Gi"},
+        routing={"policy": "round_robin"},
+        readiness_timeout_s=60,
+    )
+    svc = world.services.get("default", "chat")
+    spec = svc.spec
+    assert isinstance(spec, ServiceSpec)
+    assert spec.team == "default" and spec.engine == "simulated"
+    assert spec.resources.cpus == 2.0 and spec.resources.memory == 2**30
+    assert (spec.replicas.min, spec.replicas.max) == (1, 4)
+    assert spec.routing.policy == "round_robin" and spec.autoscaling.upscale_delay_s == 5.0
+    # the column keeps the JSON the API shows
+    with world.store._session() as s:
+        assert s.get(ServiceRow, svc.seq).spec == spec.model_dump(mode="json")
+    world.tick(2)
+    (rep,) = world.replicas(RS.READY)
+    (req,) = world.engine.launched
+    assert (req.cpus, req.memory, req.gpus) == (2.0, 2**30, 0)
+    assert req.env["AICLUSTER_SERVICE"] == "chat" and req.env["AICLUSTER_TEAM"] == "default"
+    assert ServiceSpec.model_validate_json(req.command[-1]) == spec  # replica_main's argument
+    ep = world.table.get("default", "chat")
+    assert ep.engine == "simulated" and ep.routing == "round_robin"
+    # a manual scale is bounded by the typed replicas.max
+    with pytest.raises(BadRequest):
+        world.ops.scale(ADMIN, "chat", None, 5)

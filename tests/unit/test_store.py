@@ -10,6 +10,7 @@ import sqlite3
 import pytest
 
 from aicluster.core.lifecycle import IllegalTransition, JobStatus, Reason, RequeueCause
+from aicluster.core.model import WaitKind
 from aicluster.specs import load_spec_text
 from aicluster.specs.job import JobSpec
 from aicluster.store import open_store
@@ -430,14 +431,14 @@ def _waiting_events(store, job_id):
 def test_set_wait_message_writes_an_event_only_when_it_changes(ml, clock):
     job = ml.create_job(spec(), "ann")
     clock.advance(1)
-    assert ml.set_wait_message(job.id, "waiting for capacity") is True
+    assert ml.set_wait_message(job.id, "waiting for capacity", WaitKind.CAPACITY) is True
     assert ml.get_job(job.id).message == "waiting for capacity"
     assert ml.get_job(job.id).updated_at == clock.now
     clock.advance(1)
-    assert ml.set_wait_message(job.id, "waiting for capacity") is False
+    assert ml.set_wait_message(job.id, "waiting for capacity", WaitKind.CAPACITY) is False
     assert ml.get_job(job.id).updated_at == clock.now - 1
-    assert ml.set_wait_message(job.id, "queued behind other") is True
-    assert ml.set_wait_message(job.id, "queued behind other") is False
+    assert ml.set_wait_message(job.id, "queued behind other", WaitKind.QUEUED_BEHIND) is True
+    assert ml.set_wait_message(job.id, "queued behind other", WaitKind.QUEUED_BEHIND) is False
     events = _waiting_events(ml, job.id)
     assert [e.message for e in events] == ["waiting for capacity", "queued behind other"]
     assert all(e.team == "ml" and e.kind == "job" for e in events)
@@ -446,10 +447,10 @@ def test_set_wait_message_writes_an_event_only_when_it_changes(ml, clock):
 def test_set_wait_message_ignores_jobs_that_are_not_pending(ml):
     job = ml.create_job(spec(), "ann")
     ml.transition(job.id, P, A, Reason.ADMITTED)
-    assert ml.set_wait_message(job.id, "waiting") is False
+    assert ml.set_wait_message(job.id, "waiting", WaitKind.CAPACITY) is False
     assert ml.get_job(job.id).message is None
     assert _waiting_events(ml, job.id) == []
-    assert ml.set_wait_message("ghost-000000", "waiting") is False
+    assert ml.set_wait_message("ghost-000000", "waiting", WaitKind.CAPACITY) is False
 
 
 # -- listing -----------------------------------------------------------------------

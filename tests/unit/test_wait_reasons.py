@@ -4,10 +4,12 @@ and the could-never-fit sentence."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from aicluster.core.bottleneck import room, short_dimensions
-from aicluster.core.model import Res
+from aicluster.core.model import Res, WaitKind
 from aicluster.core.scheduler import POLICY_NAMES, plan_cycle
 
 from builders import GiB, gang, node, snapshot, waits
@@ -15,13 +17,19 @@ from builders import GiB, gang, node, snapshot, waits
 ALL = pytest.mark.parametrize("policy", POLICY_NAMES)
 
 
+def wait(nodes, g, policy):
+    return waits(plan_cycle(snapshot(nodes, [g]), 0.0, policy))[g.workload_id]
+
+
 def reason(nodes, g, policy) -> str:
-    return waits(plan_cycle(snapshot(nodes, [g]), 0.0, policy))[g.workload_id].reason
+    return wait(nodes, g, policy).reason
 
 
 @ALL
 def test_a_cpu_shortage_is_called_a_cpu_shortage(policy):
-    r = reason([node("n1", cpus=4, used_cpus=3.5)], gang("c", cpus=1), policy)
+    w = wait([node("n1", cpus=4, used_cpus=3.5)], gang("c", cpus=1), policy)
+    r = w.reason
+    assert w.kind is WaitKind.CAPACITY and not w.never_fits
     assert r.startswith("waiting for capacity")
     assert "not enough CPU: 0.5 CPU free" in r and "GPU" not in r.split(";")[1]
 
@@ -57,13 +65,22 @@ def test_two_short_resources_are_both_named(policy):
 def test_fragmentation_is_not_blamed_on_one_resource(policy):
     # 4 CPUs and 2 GPUs are free in all, but the CPUs and the GPUs are on different nodes
     nodes = [node("cpu", cpus=4, gpus=2, used_gpus=2), node("gpu", cpus=4, used_cpus=4, gpus=2)]
-    r = reason(nodes, gang("f", cpus=2, gpus=1), policy)
-    assert "not together on few enough nodes" in r
+    w = wait(nodes, gang("f", cpus=2, gpus=1), policy)
+    assert "not together on few enough nodes" in w.reason and w.kind is WaitKind.CAPACITY
+
+
+@ALL
+def test_gpus_free_but_spread_out_is_a_locality_wait(policy):
+    nodes = [node("a", gpus=8, used_gpus=4), node("b", gpus=8, used_gpus=4)]
+    w = wait(nodes, replace(gang("l", gpus=8), locality="node"), policy)
+    assert w.kind is WaitKind.LOCALITY and "spread out" in w.reason
 
 
 @ALL
 def test_never_fits_names_the_resource_no_pool_has(policy):
-    r = reason([node("n1", cpus=8)], gang("big", cpus=16), policy)
+    w = wait([node("n1", cpus=8)], gang("big", cpus=16), policy)
+    r = w.reason
+    assert w.kind is WaitKind.NEVER_FITS and w.never_fits
     assert r.startswith("could never fit") and r.endswith(
         "the largest pool has 8 CPU on 1 matching node(s)"
     )

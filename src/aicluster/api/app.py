@@ -36,6 +36,7 @@ def job_json(job: JobRecord, events=None) -> dict:
     d["spec"] = job.spec.model_dump(mode="json")  # every field, defaults included
     d["status"] = job.status.value
     d["requeue_cause"] = job.requeue_cause.value if job.requeue_cause else None
+    d["wait_kind"] = job.wait_kind.value if job.wait_kind else None
     d["workers"] = job.spec.workers
     d.pop("seq", None)
     d["has_workdir"] = bool(d.pop("workdir", None))
@@ -152,8 +153,11 @@ def create_app(services: ApiOps, routers=()) -> FastAPI:
             d = asdict(n)
             d["allocated"] = asdict(used.get(n.node_id, Res()))
             rec = states.get(n.node_id)
-            d["state"] = rec.state.value if rec else ("Ready" if n.alive else "Down")
-            d["reason"] = rec.reason if rec else None
+            # Ray's word that a node is dead wins over a state the node loop has not yet
+            # caught up with (it updates once per tick): a dead node is never shown Ready.
+            stale = rec is not None and not n.alive and rec.state.value != "Down"
+            d["state"] = "Down" if not n.alive else (rec.state.value if rec else "Ready")
+            d["reason"] = "node_lost" if stale else (rec.reason if rec else None)
             d["checks"] = rec.checks if rec else []
             out.append(d)
         return {"nodes": out}

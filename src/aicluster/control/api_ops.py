@@ -103,7 +103,7 @@ class ApiOps:
         Other teams' entries are counted for position but not shown."""
         out = []
         jobs = {j.id: j for j in self.store.list_jobs(statuses=[JobStatus.PENDING])}
-        for position, (wid, reason) in enumerate(self.queue(), start=1):
+        for position, (wid, reason, wait_kind) in enumerate(self.queue(), start=1):
             job = jobs.get(wid)
             team = job.team if job else None
             if job is None or not (who.is_admin or team == who.team):
@@ -119,6 +119,7 @@ class ApiOps:
                     "priority": job.priority,
                     "submitted_at": job.created_at,
                     "reason": reason,
+                    "wait_kind": wait_kind.value,
                 }
             )
         return out

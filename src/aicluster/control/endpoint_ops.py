@@ -46,7 +46,7 @@ class EndpointOps:
                 raise SpecError(
                     "request body", [SpecIssue("model", str(exc).strip("'\""))]
                 ) from None
-        svc = self.services.create(spec.model_dump(mode="json"), who.user)
+        svc = self.services.create(spec, who.user)
         self.table.announce(
             ServiceEndpoints(
                 spec.team,
@@ -78,7 +78,7 @@ class EndpointOps:
         svc = self.get(who, name, team)
         if who.role == "viewer":
             raise ForbiddenError("viewers cannot scale services")
-        hi = int(svc.spec.get("replicas", {}).get("max", 1))
+        hi = svc.spec.replicas.max
         if not 0 <= replicas <= hi:
             raise BadRequest(f"replicas must be between 0 and the service's max ({hi})")
         out = self.services.update(svc.seq, actor=who.user, manual_replicas=replicas)

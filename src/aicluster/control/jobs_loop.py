@@ -30,7 +30,7 @@ from aicluster.core.lifecycle import (
     failure_is_retryable,
     requeue_cause_of,
 )
-from aicluster.core.model import Admit, Preempt, Wait
+from aicluster.core.model import Admit, Preempt, Wait, WaitKind
 from aicluster.core.nodestate import NodeState
 from aicluster.core.scheduler import DEFAULT_POLICY, get_policy, plan_cycle
 from aicluster.engine.protocol import Engine, LaunchError, LaunchRequest, NodeInfo
@@ -70,7 +70,8 @@ class Controller:
         self.node_states: dict = {}  # node id -> NodeRecord, as of this tick
         self.policy = get_policy(policy)  # one object across cycles: it caches the layout
         self.quotas = quotas  # store.quotas.QuotaStore, or None (no quotas)
-        self.queue: list[tuple[str, str]] = []  # last cycle: (workload id, why it waits)
+        # last cycle: (workload id, why it waits, what kind of wait)
+        self.queue: list[tuple[str, str, WaitKind]] = []
         self.artifacts = artifacts  # control.artifacts.ArtifactService: job inputs/outputs
         self.api_url = api_url  # given to workers (with a job token) for runtime.checkpoint
         # artifact -> nodes it was materialised on (their caches likely hold it): a soft
@@ -368,7 +369,7 @@ class Controller:
         queue = []
         for decision in plan_cycle(snapshot, self.clock(), self.policy):
             if isinstance(decision, Wait):
-                queue.append((decision.workload_id, decision.reason))
+                queue.append((decision.workload_id, decision.reason, decision.kind))
             job = by_id.get(decision.workload_id)
             if isinstance(decision, Preempt):
                 self._preempt(decision)
@@ -479,7 +480,7 @@ class Controller:
                 decision.reason,
             )
         else:
-            self.store.set_wait_message(job.id, decision.reason)
+            self.store.set_wait_message(job.id, decision.reason, decision.kind)
 
     # -- garbage --------------------------------------------------------------------
 

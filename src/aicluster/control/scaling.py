@@ -17,11 +17,10 @@ class Scaler:
 
     def desired(self, svc, live: list, demand: Demand, now: float) -> int:
         spec = svc.spec
-        bounds = spec.get("replicas", {})
-        lo, hi = int(bounds.get("min", 1)), int(bounds.get("max", 1))
+        lo, hi = spec.replicas.min, spec.replicas.max
         if svc.manual_replicas is not None:
             return max(0, min(svc.manual_replicas, hi))
-        config = AutoscaleConfig(min_replicas=lo, max_replicas=hi, **spec.get("autoscaling", {}))
+        config = AutoscaleConfig(min_replicas=lo, max_replicas=hi, **spec.autoscaling.model_dump())
         key = (svc.team, svc.name)
         want, self.state[key] = autoscale(
             AutoscaleContext(

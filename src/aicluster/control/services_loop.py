@@ -14,7 +14,6 @@ the readiness probe sends it, and the published endpoints carry it to the gatewa
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -32,35 +31,36 @@ from aicluster.core.replica import ReplicaReason as RR
 from aicluster.core.replica import ReplicaStatus as RS
 from aicluster.engine.protocol import Engine, LaunchRequest, NodeInfo
 from aicluster.runtime.replica_auth import SECRET_ENV, SECRET_HEADER
+from aicluster.specs.service import ServiceSpec
 from aicluster.store.services import ReplicaRecord, ServiceRecord, ServiceStore
 
 log = logging.getLogger(__name__)
 ARTIFACT_PREFIX = "artifact:"
 
 
-def _plan(spec: dict):
+def _plan(spec: ServiceSpec):
     from aicluster.runtime.adapters import build_launch
 
     return build_launch(
-        spec.get("engine", "builtin"),
-        model=spec["model"],
+        spec.engine,
+        model=spec.model,
         host="127.0.0.1",
         port=1,
-        served_model_name=spec["name"],
-        engine_args=spec.get("engine_args") or {},
+        served_model_name=spec.name,
+        engine_args=spec.engine_args,
     )
 
 
-def replica_command(spec: dict) -> tuple[list[str], str, str | None]:
+def replica_command(spec: ServiceSpec) -> tuple[list[str], str, str | None]:
     """The replica's argv (runtime.replica_main builds the engine's own command on
     the node, where the port and GPUs are known), its readiness path, and a text the
     readiness answer must contain."""
     plan = _plan(spec)
-    argv = [sys.executable, "-m", "aicluster.runtime.replica_main", json.dumps(spec)]
+    argv = [sys.executable, "-m", "aicluster.runtime.replica_main", spec.model_dump_json()]
     return argv, plan.ready.path, plan.ready.contains
 
 
-def served_model(spec: dict) -> str:
+def served_model(spec: ServiceSpec) -> str:
     """The model name the engine answers to (Ollama: its own model id)."""
     return _plan(spec).served_model_name
 
@@ -114,13 +114,13 @@ class ServiceLoop:
                 for r in live
                 if r.status == RS.READY
             )
-            routing = svc.spec.get("routing", {})
+            routing = svc.spec.routing
             published[(svc.team, svc.name)] = ServiceEndpoints(
                 svc.team,
                 svc.name,
-                svc.spec.get("engine", "builtin"),
-                routing.get("policy", "least_outstanding"),
-                routing.get("options", {}),
+                svc.spec.engine,
+                routing.policy,
+                dict(routing.options),
                 ready,
                 self._served_model(svc.spec),
             )
@@ -157,19 +157,19 @@ class ServiceLoop:
 
     # -- internals --------------------------------------------------------------------
 
-    def _served_model(self, spec: dict) -> str:
-        key = json.dumps(spec, sort_keys=True)
+    def _served_model(self, spec: ServiceSpec) -> str:
+        key = spec.model_dump_json()
         if key not in self._served:
             try:
                 self._served[key] = served_model(spec)
             except ValueError:  # an engine this version does not know: answer to the name
-                self._served[key] = spec.get("name", "")
+                self._served[key] = spec.name
         return self._served[key]
 
     def _live(self) -> list[ReplicaRecord]:
         return self.services.replicas()
 
-    def _spec_of(self, rep: ReplicaRecord) -> dict:
+    def _spec_of(self, rep: ReplicaRecord) -> ServiceSpec:
         svc = next(s for s in self.services.list() if s.seq == rep.service_seq)
         return svc.spec
 
@@ -180,7 +180,7 @@ class ServiceLoop:
             team=rep.team,
             workers=1,
             per_worker=per_worker(spec),
-            gpu_model=spec.get("resources", {}).get("gpu_model"),
+            gpu_model=spec.resources.gpu_model,
             priority=0,
             created_at=rep.created_at,
             placement=(rep.node_id,) if rep.node_id else None,
@@ -214,15 +214,15 @@ class ServiceLoop:
             gpus=res.gpus,
             command=command,
             env={
-                "AICLUSTER_SERVICE": spec["name"],
+                "AICLUSTER_SERVICE": spec.name,
                 "AICLUSTER_REPLICA_ID": rid,
-                "AICLUSTER_TEAM": spec["team"],
+                "AICLUSTER_TEAM": spec.team,
                 SECRET_ENV: self.secrets.secret(rid),
             },
             workdir=None,
             inputs=inputs,
             storage=storage,
-            team=spec["team"],
+            team=spec.team,
         )
         fut = self.pool.submit(self.engine.launch, req)
         fut.add_done_callback(lambda _f: self.notify())
@@ -231,17 +231,17 @@ class ServiceLoop:
             self.artifact_nodes.setdefault(key, set()).add(node_id)
         self.starting_since[rid] = self.clock()
 
-    def _model_input(self, spec: dict) -> tuple[tuple[dict, ...], object | None]:
+    def _model_input(self, spec: ServiceSpec) -> tuple[tuple[dict, ...], object | None]:
         """`model: artifact:NAME[:VERSION]` is materialised on the replica's node (through
         its blob cache) and handed to the engine as a local path (AICLUSTER_MODEL_PATH)."""
-        model = spec.get("model", "")
+        model = spec.model
         if not model.startswith(ARTIFACT_PREFIX):
             return (), None
         from aicluster.store.artifacts.backend import load_storage_config
 
         name = model[len(ARTIFACT_PREFIX) :]
-        name = name if "/" in name else f"{spec['team']}/{name}"
-        svc = self.services.get(spec["team"], spec["name"])
+        name = name if "/" in name else f"{spec.team}/{name}"
+        svc = self.services.get(spec.team, spec.name)
         who = self.services.store.get_user(svc.owner)
         _v, manifest = self.artifacts.version(who, name)
         item = {"path": "model", "env": "AICLUSTER_MODEL_PATH", "manifest": manifest.to_json()}
@@ -287,7 +287,7 @@ class ServiceLoop:
             self.starting_since.pop(rep.id, None)
             done = self.services.transition(rep.id, RS.STARTING, RS.READY, RR.HEALTHY)
             return done or rep
-        limit = float(svc.spec.get("readiness_timeout_s", 300))
+        limit = svc.spec.readiness_timeout_s
         since = self.clock() - self.starting_since.setdefault(rep.id, self.clock())
         if since > limit:
             return self._fail(rep, RR.NOT_READY_IN_TIME, f"not healthy after {limit:g} s")

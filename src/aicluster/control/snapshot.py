@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from aicluster.core.model import GangRequest, NodeView, Quota, Res, RunningWorkload, Snapshot
 from aicluster.engine.protocol import NodeInfo
 from aicluster.specs.job import JobSpec
+from aicluster.specs.service import ServiceSpec
 from aicluster.store.jobs import JobRecord
 
 
-def per_worker(spec: dict) -> Res:
-    r = spec.get("resources", {})
-    return Res(float(r.get("cpus", 1.0)), int(r.get("memory", 0)), int(r.get("gpus", 0)))
+def per_worker(spec: ServiceSpec) -> Res:
+    """What one replica of a service needs."""
+    r = spec.resources
+    return Res(r.cpus, r.memory, r.gpus)
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,11 @@ class WorkloadView:
         )
 
 
-def artifact_keys(spec: dict) -> list[str]:
-    """The artifacts a workload materialises on its node (job inputs, a service's model)."""
-    keys = [i["artifact"] for i in spec.get("inputs") or []]
-    if str(spec.get("model", "")).startswith("artifact:"):
-        keys.append(spec["model"][len("artifact:") :])
-    return keys
+def artifact_keys(spec: ServiceSpec) -> list[str]:
+    """The artifacts a service replica materialises on its node: its model, if an artifact."""
+    if spec.model.startswith("artifact:"):
+        return [spec.model[len("artifact:") :]]
+    return []
 
 
 def job_artifact_keys(spec: JobSpec) -> list[str]:
@@ -61,8 +62,8 @@ def job_artifact_keys(spec: JobSpec) -> list[str]:
     return [i.artifact for i in spec.inputs]
 
 
-def preferred(spec: dict, where: dict[str, set[str]]) -> tuple[str, ...]:
-    """Nodes that received this workload's artifacts before, most shared artifacts first."""
+def preferred(spec: ServiceSpec, where: dict[str, set[str]]) -> tuple[str, ...]:
+    """Nodes that received this service's artifacts before, most shared artifacts first."""
     return nodes_holding(artifact_keys(spec), where)
 
 

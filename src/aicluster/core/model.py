@@ -7,7 +7,9 @@ Vocabulary:
 - Snapshot: every node plus the pending gangs in queue order, frozen; optionally the
   running workloads and the team quotas (Kueue vocabulary: a Quota is a team's nominal
   quota in one pool, teams lend unused quota to others of their cohort).
-- Decisions: Admit(workload, placement) | Preempt(workload, reason) | Wait(workload, reason).
+- Decisions: Admit(workload, placement) | Preempt(workload, reason)
+  | Wait(workload, reason, kind): `kind` (a WaitKind) says what keeps it waiting, `reason`
+  is the sentence for the user; code decides on the kind, never on the sentence.
 
 Invariant: allocated <= capacity on every node in every snapshot the control plane
 builds; `core` never returns a decision that would break it.
@@ -16,6 +18,7 @@ builds; `core` never returns a decision that would break it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cached_property
 
 
@@ -160,13 +163,31 @@ class Admit:
     placement: tuple[str, ...]  # node id per rank
 
 
+class WaitKind(StrEnum):
+    """What keeps a pending workload waiting; stored on the job, shown as text only at the
+    edges (API, CLI). The sentence in `Wait.reason` gives the details."""
+
+    CAPACITY = "capacity"  # not enough free CPU, memory or GPUs (of its model) right now
+    LOCALITY = "locality"  # enough GPUs free, but not within one node / NVLink domain / rack
+    QUOTA = "quota"  # the team's quota, partition or its cohort's lending refuses it now
+    QUEUED_BEHIND = "queued_behind"  # an earlier gang of its partition waits (fifo, backfill)
+    BACKFILL_RESERVATION = "backfill_reservation"  # starting would delay a reserved gang
+    PREEMPTING = "preempting"  # workloads are being preempted to make room for it
+    NEVER_FITS = "never_fits"  # not even the empty cluster (or its quota ceiling) could hold it
+
+
 @dataclass(frozen=True)
 class Wait:
-    """Not admitted this cycle; `reason` says why, `never_fits` if no empty cluster could."""
+    """Not admitted this cycle: `kind` says what it waits for, `reason` says it to a user."""
 
     workload_id: str
     reason: str
-    never_fits: bool = False
+    kind: WaitKind
+
+    @property
+    def never_fits(self) -> bool:
+        """True if no empty cluster (or, by quota, no pool it may use) could ever hold it."""
+        return self.kind is WaitKind.NEVER_FITS
 
 
 @dataclass(frozen=True)

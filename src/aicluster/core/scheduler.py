@@ -7,7 +7,8 @@ Decisions, in the order the mechanism should apply them:
 - `Preempt(workload_id, reason)`: stop that running workload and put it back in the
   queue (it resumes from its last checkpoint); all Preempts come first.
 - `Admit(workload_id, placement)`: start the gang, rank i on node `placement[i]`.
-- `Wait(workload_id, reason, never_fits)`: not this cycle; `reason` is for the user.
+- `Wait(workload_id, reason, kind)`: not this cycle; `kind` (a WaitKind) says what it waits
+  for (`never_fits` when no empty cluster could hold it), `reason` says it to the user.
 Every pending gang gets exactly one Admit or Wait.
 
 Policies: "fifo" (strict FCFS per team partition, no borrowing), "backfill" (fifo with

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from aicluster.core.bottleneck import amount, short_dimensions, shortage
-from aicluster.core.model import GangRequest, NodeView, Res
+from aicluster.core.model import GangRequest, NodeView, Res, WaitKind
 
 SCOPES = ("node", "nvlink", "rack", "pool")
 
@@ -336,18 +336,19 @@ def _candidates(index: FreeIndex, gang: GangRequest, pool: str) -> list[Res]:
     return [index.free[i] for i in p.ids if model_ok(index.node[i], gang) and i not in index.held]
 
 
-def why_no_room(index: FreeIndex, gang: GangRequest, pool: str) -> str:
-    """A sentence a user can act on, for a gang that `place` refused in `pool`: it names
-    the resource that is short (core.bottleneck), not always the GPUs."""
+def why_no_room(index: FreeIndex, gang: GangRequest, pool: str) -> tuple[WaitKind, str]:
+    """What a gang that `place` refused in `pool` waits for (LOCALITY when enough GPUs are
+    free but spread out, else CAPACITY) and a sentence a user can act on: it names the
+    resource that is short (core.bottleneck), not always the GPUs."""
     total = gang.total.gpus
     free = index.pool_free_gpus(pool)
     if gang.locality in ("node", "nvlink", "rack") and total <= free:
-        return (
+        return WaitKind.LOCALITY, (
             f"needs {total} GPUs within one {_SCOPE_WORDS[gang.locality]} of pool {pool}; "
             f"{free} GPUs are free but spread out"
         )
     where = "free" if gang.gpu_model is None else f"free on {gang.gpu_model} nodes"
-    return (
+    return WaitKind.CAPACITY, (
         f"waiting for capacity in pool {pool}: needs {describe(gang)}; "
         f"{shortage(_candidates(index, gang, pool), gang, where)}"
     )

@@ -16,7 +16,6 @@ listens on the replica's address (MASTER_ADDR:MASTER_PORT) in its stead.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -28,21 +27,22 @@ import httpx
 
 from aicluster.runtime.adapters import CommandStep, HttpStep, LaunchPlan, build_launch
 from aicluster.runtime.replica_auth import SECRET_ENV, AuthProxy, listen
+from aicluster.specs.service import ServiceSpec
 
 
-def plan_for(spec: dict, env: dict[str, str]) -> LaunchPlan:
+def plan_for(spec: ServiceSpec, env: dict[str, str]) -> LaunchPlan:
     gpus = [int(g) for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
-    model = spec["model"]
+    model = spec.model
     if model.startswith("artifact:"):  # materialised on this node by the engine layer
         model = env["AICLUSTER_MODEL_PATH"]
     return build_launch(
-        spec.get("engine", "builtin"),
+        spec.engine,
         model=model,
         host=env.get("MASTER_ADDR", "127.0.0.1"),
         port=int(env["MASTER_PORT"]),
         gpu_ids=gpus,
-        engine_args=spec.get("engine_args") or {},
-        served_model_name=spec["name"],
+        engine_args=spec.engine_args,
+        served_model_name=spec.name,
         python=sys.executable,
         base_env=env,
     )
@@ -78,7 +78,7 @@ def _private_port() -> int:
         return s.getsockname()[1]
 
 
-def secure_plan(spec: dict, env: dict[str, str]) -> tuple[LaunchPlan, AuthProxy | None]:
+def secure_plan(spec: ServiceSpec, env: dict[str, str]) -> tuple[LaunchPlan, AuthProxy | None]:
     """The engine's plan, and the auth proxy in front of it when the engine cannot check
     the secret itself (the proxy already listens on the replica's address)."""
     secret = env.get(SECRET_ENV)
@@ -95,7 +95,7 @@ def secure_plan(spec: dict, env: dict[str, str]) -> tuple[LaunchPlan, AuthProxy 
 
 
 def main(argv: list[str] | None = None) -> int:
-    spec = json.loads((argv or sys.argv[1:])[0])
+    spec = ServiceSpec.model_validate_json((argv or sys.argv[1:])[0])
     plan, proxy = secure_plan(spec, dict(os.environ))
     if proxy is not None:
         print(f"aicluster replica: engine on {plan.base_url}, behind the auth proxy", flush=True)

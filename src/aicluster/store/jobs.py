@@ -12,6 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from aicluster.core.lifecycle import JobStatus, Reason, RequeueCause, check_transition
+from aicluster.core.model import WaitKind
 from aicluster.specs.job import JobSpec
 from aicluster.store.errors import Conflict, NotFound
 from aicluster.store.schema import EventRow, JobRow, TeamRow
@@ -34,6 +35,7 @@ class JobRecord:
     reason: str | None
     message: str | None
     requeue_cause: RequeueCause | None  # why it last went back to PENDING; None if never
+    wait_kind: WaitKind | None  # what a PENDING job waits for (its message says it); else None
     exit_code: int | None
     priority: int
     restarts: int
@@ -53,6 +55,7 @@ class JobRecord:
                 "spec": JobSpec.model_validate(row.spec),
                 "status": JobStatus(row.status),
                 "requeue_cause": RequeueCause(row.requeue_cause) if row.requeue_cause else None,
+                "wait_kind": WaitKind(row.wait_kind) if row.wait_kind else None,
             }
         )
 
@@ -169,13 +172,17 @@ class JobStore:
         """Compare-and-set the status; write the Event in the same transaction.
 
         A requeue (reason `requeued`) names its `requeue_cause`; it stays on the job until
-        the next requeue. Returns the new record, or None when the job was no longer in `src`.
+        the next requeue. Every transition clears the wait kind (the scheduler sets it again
+        while the job is PENDING). Returns the new record, or None when the job was no
+        longer in `src`.
         """
         check_transition(src, dst)
         if (reason == Reason.REQUEUED) != (requeue_cause is not None):
             raise ValueError("a requeue, and only a requeue, names its requeue_cause")
         now = self.clock()
-        values = dict(status=dst.value, reason=reason.value, message=message, updated_at=now)
+        values = dict(
+            status=dst.value, reason=reason.value, message=message, wait_kind=None, updated_at=now
+        )
         if requeue_cause is not None:
             values["requeue_cause"] = requeue_cause.value
         if dst == JobStatus.RUNNING:
@@ -206,15 +213,21 @@ class JobStore:
             )
             return JobRecord.of(row)
 
-    def set_wait_message(self, job_id: str, message: str) -> bool:
-        """Record why a PENDING job waits; an Event only when the reason changes."""
+    def set_wait_message(self, job_id: str, message: str, kind: WaitKind) -> bool:
+        """Record why a PENDING job waits (the sentence and its kind); an Event (its reason:
+        the kind) only when either changes."""
         with self._session.begin() as s:
             row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
-            if row is None or row.status != JobStatus.PENDING.value or row.message == message:
+            if row is None or row.status != JobStatus.PENDING.value:
+                return False
+            if row.message == message and row.wait_kind == kind.value:
                 return False
             row.message = message
+            row.wait_kind = kind.value
             row.updated_at = self.clock()
-            self._event(s, "job", job_id, row.team, "JobWaiting", message=message)
+            self._event(
+                s, "job", job_id, row.team, "JobWaiting", reason=kind.value, message=message
+            )
             return True
 
     # -- events -----------------------------------------------------------------

@@ -56,6 +56,8 @@ class JobRow(Base):
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     # core.lifecycle.RequeueCause of the latest requeue; None while never requeued
     requeue_cause: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # core.model.WaitKind of why a PENDING job waits (with `message`); None once it leaves
+    wait_kind: Mapped[str | None] = mapped_column(String(32), nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     priority: Mapped[int] = mapped_column(Integer, default=0)
     restarts: Mapped[int] = mapped_column(Integer, default=0)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy import select, update
 
 from aicluster.core.replica import LIVE, ReplicaReason, ReplicaStatus, check_replica_transition
+from aicluster.specs.service import ServiceSpec
 from aicluster.store.db import Store
 from aicluster.store.errors import Conflict, NotFound
 from aicluster.store.jobs import fields_of
@@ -25,7 +26,7 @@ class ServiceRecord:
     name: str
     team: str
     owner: str
-    spec: dict
+    spec: ServiceSpec  # the column holds its JSON; read back, it is the typed spec again
     manual_replicas: int | None
     deleting: bool
     created_at: float
@@ -33,7 +34,7 @@ class ServiceRecord:
 
     @classmethod
     def of(cls, row: ServiceRow) -> ServiceRecord:
-        return cls(**fields_of(cls, row))
+        return cls(**{**fields_of(cls, row), "spec": ServiceSpec.model_validate(row.spec)})
 
 
 @dataclass(frozen=True)
@@ -63,18 +64,18 @@ class ServiceStore:
         self._session = store._session
         self.clock = store.clock
 
-    def create(self, spec: dict, owner: str) -> ServiceRecord:
+    def create(self, spec: ServiceSpec, owner: str) -> ServiceRecord:
         now = self.clock()
         with self._session.begin() as s:
-            if s.get(TeamRow, spec["team"]) is None:
-                raise NotFound(f"team {spec['team']!r} does not exist")
-            if self._find(s, spec["team"], spec["name"]) is not None:
-                raise Conflict(f"service {spec['name']!r} already exists in team {spec['team']!r}")
+            if s.get(TeamRow, spec.team) is None:
+                raise NotFound(f"team {spec.team!r} does not exist")
+            if self._find(s, spec.team, spec.name) is not None:
+                raise Conflict(f"service {spec.name!r} already exists in team {spec.team!r}")
             row = ServiceRow(
-                name=spec["name"],
-                team=spec["team"],
+                name=spec.name,
+                team=spec.team,
                 owner=owner,
-                spec=spec,
+                spec=spec.model_dump(mode="json"),
                 manual_replicas=None,
                 deleting=False,
                 created_at=now,
@@ -102,10 +103,11 @@ class ServiceStore:
             return [ServiceRecord.of(r) for r in s.scalars(q)]
 
     def update(self, seq: int, actor: str | None = None, **values) -> ServiceRecord:
+        """`spec`, if given, is a ServiceSpec (stored as its JSON)."""
         with self._session.begin() as s:
             row = s.get(ServiceRow, seq)
             for k, v in values.items():
-                setattr(row, k, v)
+                setattr(row, k, v.model_dump(mode="json") if k == "spec" else v)
             row.updated_at = self.clock()
             msg = ", ".join(f"{k}={v}" for k, v in values.items() if k != "spec")
             self.store._event(

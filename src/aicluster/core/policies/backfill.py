@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from aicluster.core.model import Admit, Decision, GangRequest, Snapshot
-from aicluster.core.policies.base import Cycle, arrival_key
+from aicluster.core.model import Admit, Decision, GangRequest, Snapshot, WaitKind
+from aicluster.core.policies.base import Cycle, Refusal, arrival_key
 from aicluster.core.policies.fifo import (
     hold_for_starving,
     partition_never_fits,
@@ -124,6 +124,7 @@ class BackfillPolicy:
                 c.wait(
                     g,
                     f"queued behind {hold.head.workload_id} (starting now would delay it)",
+                    WaitKind.QUEUED_BEHIND,
                 )
                 continue
             refusal = self._try(c, g, reserved)
@@ -131,20 +132,20 @@ class BackfillPolicy:
                 if hold is not None and _end(g, clock) > hold.shadow()[0]:
                     hold.shadow()[1] -= g.total.gpus
                 continue
-            if not refusal[1]:
+            if not refusal.room:
                 quota_full[part] = min(g.total.gpus, quota_full.get(part, g.total.gpus))
             never = c.never_fits(g) or partition_never_fits(c, g)
             if never:
-                c.wait(g, never, True)
+                c.never(g, never)
                 continue
-            reason, room = refusal
+            reason, room, kind = refusal
             if room and hold is None:
                 self._reserve(c, g, reserved)
                 if hold_for_starving(c, g, self.starve_after_s):
                     reason += "; nodes are held for it"
             elif not room and hold is None:
                 quota_wait[part] = _QuotaHold(c, g, c.pools_for(g)[0])
-            c.wait(g, reason)
+            c.wait(g, reason, kind)
         return c.decisions()
 
     @staticmethod
@@ -165,8 +166,9 @@ class BackfillPolicy:
     @staticmethod
     def _try(c: Cycle, g: GangRequest, reserved: dict[str, Reservation]):
         """Like `Cycle.try_admit` with the fifo partition rule, but never delaying a
-        pool's reservation. None if admitted, else (reason, lack of room?)."""
-        quota = room = None
+        pool's reservation. None if admitted, else why not (a `Refusal`)."""
+        quota: str | None = None
+        room: tuple[WaitKind, str] | None = None
         for pool in c.pools_for(g):
             if pool not in c.index.pools:
                 continue
@@ -182,8 +184,15 @@ class BackfillPolicy:
             if res is not None and not res.allows(g, placement, c.clock):
                 placement = c.index.place(g, pool, avoid=res.nodes)  # beside the head
                 if placement is None or not res.allows(g, placement, c.clock):
-                    room = room or f"waiting: starting now would delay {res.head.workload_id}"
+                    room = room or (
+                        WaitKind.BACKFILL_RESERVATION,
+                        f"waiting: starting now would delay {res.head.workload_id}",
+                    )
                     continue
             c.admit(g, pool, placement)
             return None
-        return (room, True) if room else (quota or "no pool can take it", False)
+        if room is not None:
+            return Refusal(room[1], True, room[0])
+        if quota is not None:
+            return Refusal(quota, False, WaitKind.QUOTA)
+        return Refusal("no pool can take it", False, WaitKind.CAPACITY)

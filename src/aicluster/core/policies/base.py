@@ -22,6 +22,7 @@ from aicluster.core.model import (
     RunningWorkload,
     Snapshot,
     Wait,
+    WaitKind,
 )
 from aicluster.core.quota import QuotaBook
 from aicluster.core.topology import FreeIndex, Layout, never_fits_reason, why_no_room
@@ -30,10 +31,12 @@ QuotaRule = Callable[[GangRequest, str], "str | None"]
 
 
 class Refusal(NamedTuple):
-    """Why a gang was not admitted; `room` is True when quota allowed it but no nodes did."""
+    """Why a gang was not admitted; `room` is True when quota allowed it but no nodes did;
+    `kind` is what it waits for (QUOTA when a quota rule refused it)."""
 
     reason: str
     room: bool
+    kind: WaitKind
 
 
 class Policy(Protocol):
@@ -137,7 +140,7 @@ class Cycle:
         """Admit `g` in the first pool where `rule` and placement allow; else why not
         (a lack of room, when quota allowed some pool, wins over a quota reason)."""
         quota: str | None = None
-        room: str | None = None
+        room: tuple[WaitKind, str] | None = None
         for pool in self.pools_for(g) if pools is None else pools:
             if pool not in self.index.pools:
                 continue
@@ -151,16 +154,22 @@ class Cycle:
                 return None
             room = room or why_no_room(self.index, g, pool)
         if room is not None:
-            return Refusal(room, True)
-        return Refusal(quota or "no pool can take it", False)
+            return Refusal(room[1], True, room[0])
+        if quota is not None:
+            return Refusal(quota, False, WaitKind.QUOTA)
+        return Refusal("no pool can take it", False, WaitKind.CAPACITY)
 
     def admit(self, g: GangRequest, pool: str, placement: tuple[str, ...]) -> None:
         self.index.take(placement, g.per_worker)
         self.book.charge(g.team, pool, g.total)
         self.decided.append(Admit(g.workload_id, placement))
 
-    def wait(self, g: GangRequest, reason: str, never: bool = False) -> None:
-        self.decided.append(Wait(g.workload_id, reason, never))
+    def wait(self, g: GangRequest, reason: str, kind: WaitKind) -> None:
+        self.decided.append(Wait(g.workload_id, reason, kind))
+
+    def never(self, g: GangRequest, reason: str) -> None:
+        """`g` waits because it could never fit (a reason from `never_fits` or the policy)."""
+        self.wait(g, reason, WaitKind.NEVER_FITS)
 
     def decisions(self) -> list[Decision]:
         """Preemptions first (the mechanism stops them before anything else), then the rest."""

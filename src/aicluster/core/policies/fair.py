@@ -28,8 +28,8 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 
-from aicluster.core.model import Decision, GangRequest, Snapshot
-from aicluster.core.policies.base import Cycle
+from aicluster.core.model import Decision, GangRequest, Snapshot, WaitKind
+from aicluster.core.policies.base import Cycle, Refusal
 from aicluster.core.policies.fifo import hold_for_starving
 from aicluster.core.policies.preemption import Reclaimer
 
@@ -70,7 +70,7 @@ class FairPolicy:
             return
         never = c.never_fits(g)
         if never:
-            c.wait(g, never, True)
+            c.never(g, never)
             return
         for pool in pools if reclaimer is not None else ():
             n = reclaimer.reclaim(g, pool)
@@ -79,9 +79,10 @@ class FairPolicy:
                     g,
                     f"preempting {n} workload(s) to give team {g.team} its guaranteed "
                     f"GPUs in pool {pool}",
+                    WaitKind.PREEMPTING,
                 )
                 return
-        self._wait_starving(c, g, refusal.reason, refusal.room)
+        self._wait_starving(c, g, refusal)
 
     def _borrowing(self, c: Cycle, deferred: dict[str, list[GangRequest]]) -> None:
         """Teams in turn, smallest weighted borrowed share first; each turn one gang."""
@@ -98,9 +99,9 @@ class FairPolicy:
             refusal = c.try_admit(g, rule)
             never = refusal and (c.never_fits(g) or _beyond_ceiling(c, g))
             if never:
-                c.wait(g, never, True)
+                c.never(g, never)
             elif refusal is not None:
-                self._wait_starving(c, g, refusal.reason, refusal.room, closed)
+                self._wait_starving(c, g, refusal, closed)
             if nxt[team] < len(deferred[team]):
                 nq = deferred[team][nxt[team]]
                 heappush(heap, (c.book.share(team), self.order_key(nq, clock), team))
@@ -113,7 +114,8 @@ class FairPolicy:
             return f"cohort {cohort} lends its idle GPUs in pool {pool} to {holder} first"
         return c.book.admissible(g.team, pool, g.total, borrow=True)
 
-    def _wait_starving(self, c: Cycle, g, reason: str, room: bool, closed=None) -> None:
+    def _wait_starving(self, c: Cycle, g, refusal: Refusal, closed=None) -> None:
+        reason, room, kind = refusal
         if c.clock - g.submitted_at >= self.starve_after_s:
             if room and hold_for_starving(c, g, 0.0):
                 reason += "; nodes are held for it"
@@ -121,7 +123,7 @@ class FairPolicy:
                 for pool in c.pools_for(g):
                     key = (c.book.account(g.team, pool).cohort, pool)
                     closed.setdefault(key, g.workload_id)
-        c.wait(g, reason)
+        c.wait(g, reason, kind)
 
 
 def _beyond_ceiling(c: Cycle, g: GangRequest) -> str | None:

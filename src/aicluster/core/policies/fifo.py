@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from aicluster.core.model import Decision, GangRequest, Snapshot
+from aicluster.core.model import Decision, GangRequest, Snapshot, WaitKind
 from aicluster.core.policies.base import Cycle, arrival_key
 
 
@@ -70,18 +70,18 @@ class FifoPolicy:
                 (g.team, g.pool), partition_of(c, g)
             )
             if part in blocked:
-                c.wait(g, f"queued behind {blocked[part]}")
+                c.wait(g, f"queued behind {blocked[part]}", WaitKind.QUEUED_BEHIND)
                 continue
             refusal = c.try_admit(g, rule)
             if refusal is None:
                 continue
             never = c.never_fits(g) or partition_never_fits(c, g)
             if never:
-                c.wait(g, never, True)
+                c.never(g, never)
             else:
                 blocked[part] = g.workload_id
                 reason = refusal.reason
                 if refusal.room and hold_for_starving(c, g, self.starve_after_s):
                     reason += "; nodes are held for it"
-                c.wait(g, reason)
+                c.wait(g, reason, refusal.kind)
         return c.decisions()
