@@ -131,3 +131,59 @@ def test_drain_moves_replicas_then_requeues_jobs(control_plane, admin):
     node_action(admin, target["node_id"][:12], "uncordon")
     admin.cancel(job["id"])
     httpx.delete(control_plane.url + "/v1/services/mover", headers=headers)
+
+
+def test_a_dead_node_removed_with_nodes_rm_disappears_and_its_events_stay(
+    ray_cluster, control_plane, admin
+):
+    """`aicluster nodes rm` refuses a live node; once Ray has lost it, the node is retired:
+    gone from /v1/nodes, `aicluster nodes` and the node metrics; NodeRetired is kept."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from aicluster.cli.main import app
+    from aicluster.engine.protocol import POOL_LABEL
+
+    from harness import COMMON_NODE_ARGS
+
+    def cli(*args):
+        res = CliRunner().invoke(
+            app, [*args, "--url", control_plane.url, "--token", control_plane.admin_token]
+        )
+        return res.exit_code, res.stdout, res.stderr
+
+    cluster, _ = ray_cluster
+    node = cluster.add_node(num_cpus=1, labels={POOL_LABEL: "retiring"}, **COMMON_NODE_ARGS)
+    node_id = node.node_id
+    wait_for(
+        lambda: any(n["node_id"] == node_id and n["alive"] for n in admin.nodes()),
+        what="the new node",
+    )
+    code, _, err = cli("nodes", "rm", node_id[:16])
+    assert code == 1 and "only a Down node can be removed" in err, err
+    cluster.remove_node(node, allow_graceful=False)
+    wait_for(
+        lambda: any(n["node_id"] == node_id and n["state"] == "Down" for n in admin.nodes()),
+        timeout=120,
+        what="the node seen Down",
+    )
+    code, out, err = cli("nodes", "rm", node_id[:16])
+    assert code == 0 and f"node {node_id[:12]} is retired" in out, (out, err)
+
+    assert node_id not in {n["node_id"] for n in admin.nodes()}
+    code, out, _ = cli("nodes", "-o", "json")
+    assert code == 0 and node_id not in {n["node_id"] for n in json.loads(out)}
+    r = httpx.get(
+        control_plane.url + "/metrics",
+        headers={"Authorization": f"Bearer {control_plane.admin_token}"},
+    )
+    assert 'pool="retiring"' not in "".join(
+        line for line in r.text.splitlines() if line.startswith("aicluster_nodes{")
+    )
+    retired = [e for e in admin.events(object_id=node_id) if e["type"] == "NodeRetired"]
+    assert [(e["from_status"], e["to_status"], e["actor"]) for e in retired] == [
+        ("Down", "Retired", "admin")
+    ]
+    code, _, err = cli("nodes", "rm", node_id[:16])
+    assert code == 1 and "no node match" in err, "a retired node is gone"

@@ -5,6 +5,7 @@ preemption by quota, garbage collection, cancellation and per-attempt job tokens
 from __future__ import annotations
 
 import inspect
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -213,7 +214,9 @@ def test_a_vanished_worker_on_a_live_node_is_given_the_node_death_grace(world):
     world.tick()
     job = world.job(job_id)
     assert (job.status, job.reason) == (JobStatus.FAILED, "worker_lost")
-    assert job.message == "rank 0: worker process vanished"
+    assert job.message == (
+        "worker_lost: rank 0: worker process vanished; restarts exhausted (0 of 0)"
+    )
     assert job.requeue_cause is None, "never requeued"
 
 
@@ -269,7 +272,10 @@ def test_a_launch_its_predecessor_left_unstarted_is_redone_control_plane_restart
 # -- preemption --------------------------------------------------------------------------
 
 
-def test_a_team_reclaiming_its_quota_preempts_a_borrower_without_spending_a_restart(quota_world):
+def test_a_team_reclaiming_its_quota_preempts_a_borrower_without_spending_a_restart(
+    quota_world, caplog
+):
+    caplog.set_level(logging.INFO, logger="aicluster.decisions")
     w = quota_world
     w.quotas.set(Quota("owner", "gpu", gpus=4, borrow_gpus=0))
     w.quotas.set(Quota("borrower", "gpu", gpus=0))
@@ -290,6 +296,10 @@ def test_a_team_reclaiming_its_quota_preempts_a_borrower_without_spending_a_rest
     assert job.requeue_cause is RequeueCause.PREEMPTED
     assert (borrower, 1) in w.engine.stopped
     assert any(q[0] == borrower for q in w.ctrl.queue)
+    (line,) = [r for r in caplog.records if getattr(r, "event", None) == "job_preempted"]
+    assert line.name == "aicluster.decisions" and f"job={borrower} " in line.getMessage()
+    assert line.fields["by"] == preempted[0].message.removeprefix("preempted: ")
+    assert " by=" in line.getMessage() and line.fields["team"] == "borrower"
     w.engine.exit(owner, 0)
     w.run(borrower)
     assert w.job(borrower).attempt == 2, "back when the owner's job ended"
@@ -404,3 +414,108 @@ def test_a_job_whose_outputs_cannot_be_stored_fails_output_failed(world):
     job = world.job(job_id)
     assert (job.status, job.reason) == (JobStatus.FAILED, "output_failed")
     assert "disk gone" in job.message and not world.engine.running_gangs()
+
+
+# -- the history of attempts and the operator's log ------------------------------------------
+
+
+def _four_node_losses(world) -> str:
+    """A job with max_restarts 3 whose node dies under each of its 4 attempts, 10 s in;
+    a fresh node joins each time."""
+    job_id = world.submit(resources={"gpus": 2}, max_restarts=3)
+    for i in range(4):
+        job = world.run(job_id)
+        world.clock.advance(10)
+        world.engine.kill_node(job.placement[0])
+        world.engine.add_node(node(f"m{i}", gpus=2, cpus=4, pool="gpu"))
+        world.tick()
+    return job_id
+
+
+def test_every_attempt_is_derived_from_the_events_and_the_last_says_restarts_ran_out(world):
+    from aicluster.api.app import job_json
+
+    job_id = _four_node_losses(world)
+    job = world.job(job_id)
+    assert (job.status, job.reason, job.restarts) == (JobStatus.FAILED, "node_lost", 3)
+    assert job.message.startswith("node_lost: rank 0: node ")
+    assert job.message.endswith("; restarts exhausted (3 of 3)")
+    attempts = world.store.job_attempts(job_id)
+    assert [a.attempt for a in attempts] == [1, 2, 3, 4]
+    assert [a.end_reason for a in attempts] == ["node_lost"] * 4
+    placements = [a.placement for a in attempts]
+    assert all(len(p) == 1 for p in placements) and len({p[0] for p in placements}) == 4
+    assert all(a.runtime_s(world.clock()) == 10 for a in attempts)
+    assert all(a.admitted_at <= a.started_at < a.ended_at for a in attempts)
+    body = job_json(job, world.store.list_events(object_id=job_id), attempts, world.clock())
+    assert [a["attempt"] for a in body["attempts"]] == [1, 2, 3, 4]
+    first = body["attempts"][0]
+    assert set(first) >= {"attempt", "placement", "started_at", "ended_at", "runtime_s"}
+    assert (first["runtime_s"], first["end_reason"]) == (10, "node_lost")
+    assert first["placement"] == placements[0]
+    assert "attempts" not in job_json(job), "only the one-job view reads them"
+
+
+def test_attempts_end_with_their_requeue_cause_and_a_running_one_is_open(world):
+    job_id = world.submit(max_restarts=1)
+    world.engine.fail_launch[job_id] = "placement group not ready in time"
+    world.tick()
+    world.engine.fail_launch.pop(job_id)
+    world.tick()  # requeued launch_failed, and admitted again
+    world.run(job_id)
+    world.clock.advance(5)
+    first, second = world.store.job_attempts(job_id)
+    assert (first.attempt, first.started_at, first.end_reason) == (1, None, "launch_failed")
+    assert first.runtime_s(world.clock()) is None, "it never ran"
+    assert (second.attempt, second.ended_at, second.end_reason) == (2, None, None)
+    assert second.runtime_s(world.clock()) == 5
+    assert second.placement == world.job(job_id).placement
+
+
+def test_attempts_of_events_written_before_they_carried_attempts():
+    from aicluster.store.jobs import EventRecord, attempts_of
+
+    def ev(i, src, dst, reason, message=None):
+        return EventRecord(
+            i, float(i), "job", "j", None, "JobTransition", src, dst, reason, message, None
+        )
+
+    events = [
+        ev(1, "PENDING", "ADMITTED", "admitted", "placed on n1"),
+        ev(2, "ADMITTED", "RUNNING", "started"),
+        ev(3, "RUNNING", "PENDING", "requeued", "preempted: team a reclaims its quota"),
+        ev(4, "PENDING", "ADMITTED", "admitted", "placed on n2"),
+        ev(5, "ADMITTED", "CANCELLED", "cancelled_by_user", "cancelled by ann"),
+    ]
+    a, b = attempts_of(events)
+    assert (a.attempt, a.started_at, a.ended_at, a.end_reason) == (1, 2.0, 3.0, "preempted")
+    assert (b.attempt, b.started_at, b.end_reason) == (2, None, "cancelled_by_user")
+
+
+def test_the_operators_log_says_admitted_requeued_node_lost_and_failed(world, caplog):
+    caplog.set_level(logging.INFO, logger="aicluster.decisions")
+    world.tick()  # the first inventory: no node joins or dies yet
+    job_id = _four_node_losses(world)
+    mine = [r for r in caplog.records if r.name == "aicluster.decisions"]
+    events = [r.event for r in mine]
+    assert events.count("job_admitted") == 4 and events.count("job_requeued") == 3
+    assert events.count("node_lost") == 4 and events.count("node_joined") == 4
+    admitted = [r for r in mine if r.event == "job_admitted"]
+    attempts = world.store.job_attempts(job_id)
+    for rec, att in zip(admitted, attempts, strict=True):
+        assert rec.getMessage() == (
+            f"job_admitted job={job_id} team=default attempt={att.attempt} "
+            f"placement={att.placement[0]} restarts={att.attempt - 1}"
+        )
+    requeued = [r for r in mine if r.event == "job_requeued"]
+    assert all(r.fields["cause"] == "node_lost" for r in requeued)
+    assert "cause=node_lost" in requeued[0].getMessage()
+    lost = [r for r in mine if r.event == "node_lost"]
+    assert lost[0].levelno == logging.WARNING
+    assert lost[0].getMessage() == f"node_lost node={attempts[0].placement[0]}"
+    (failed,) = [r for r in mine if r.event == "job_failed"]
+    assert failed.levelno == logging.WARNING and failed.fields["reason"] == "node_lost"
+    line = failed.getMessage()
+    assert line.startswith(f"job_failed job={job_id} team=default attempt=4 reason=node_lost")
+    assert 'message="node_lost: rank 0: node ' in line and "restarts exhausted (3 of 3)" in line
+    assert all("\n" not in r.getMessage() for r in mine), "one line each"

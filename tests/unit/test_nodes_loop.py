@@ -1,7 +1,8 @@
 """Node states (control.nodes_loop) from Ray membership and health readings, with fake
 health agents and a fake clock: Ready/Degraded/Down follow the facts, admin states
 (Cordoned, Draining) stick until an admin lifts them, and the controller keeps new
-work off every node that is not Ready and requeues a draining node's jobs."""
+work off every node that is not Ready and requeues a draining node's jobs; a node Down
+for longer than the retire time (or removed by an admin) is retired, a live one never."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import pytest
 
 from aicluster.control.jobs_loop import NODE_DEATH_GRACE_S, Controller
 from aicluster.control.logs import LogStore
-from aicluster.control.nodes_loop import NodeLoop
+from aicluster.control.metrics import StateCollector
+from aicluster.control.nodes_loop import NodeIsLive, NodeLoop
 from aicluster.core.lifecycle import JobStatus, RequeueCause
 from aicluster.core.nodestate import NodeState as NS
+from aicluster.core.nodestate import next_state, retire_due
 from aicluster.specs.job import JobSpec
 from aicluster.store.nodes import NodeStore
 
@@ -158,7 +161,9 @@ def test_a_worker_lost_on_a_degraded_node_fails_node_unhealthy(world):
     world.tick()
     job = world.store.get_job(job_id)
     assert (job.status, job.reason) == (JobStatus.FAILED, "node_unhealthy")
-    assert job.message == "rank 0: its node failed health checks"
+    assert job.message == (
+        "node_unhealthy: rank 0: its node failed health checks; restarts exhausted (0 of 0)"
+    )
 
 
 def test_a_draining_nodes_jobs_are_requeued_after_the_grace_then_it_is_cordoned(world):
@@ -182,3 +187,119 @@ def test_a_draining_nodes_jobs_are_requeued_after_the_grace_then_it_is_cordoned(
     world.tick(2)
     job = world.store.get_job(job_id)
     assert (job.status, job.attempt) == (JobStatus.RUNNING, 2) and job.placement != [on]
+
+
+# -- retirement: dead nodes go away ---------------------------------------------------------
+
+
+def test_retire_due_only_for_a_node_down_longer_than_the_time():
+    assert not retire_due(NS.DOWN, since=0, now=600, after_s=600), "not before the time"
+    assert retire_due(NS.DOWN, since=0, now=600.5, after_s=600)
+    for live in (NS.READY, NS.DEGRADED, NS.CORDONED, NS.DRAINING, NS.RETIRED):
+        assert not retire_due(live, since=0, now=10**9, after_s=600)
+    assert not retire_due(NS.DOWN, since=0, now=10**9, after_s=None), "None: never"
+    assert not retire_due(NS.DOWN, since=0, now=10**9, after_s=0), "0: never"
+    assert next_state(NS.RETIRED, alive=False, healthy=True) == NS.RETIRED
+    assert next_state(NS.RETIRED, alive=True, healthy=True) == NS.READY
+    assert next_state(NS.RETIRED, alive=True, healthy=False) == NS.DEGRADED
+
+
+def test_a_node_down_longer_than_the_retire_time_is_retired_and_a_live_one_never(world):
+    assert world.loop.retire_down_after_s == 600
+    world.observe()
+    world.engine.kill_node("n2")
+    assert world.observe()["n2"] == NS.DOWN
+    world.clock.advance(600)
+    assert world.observe() == {"n1": NS.READY, "n2": NS.DOWN}, "not before the time"
+    world.clock.advance(1)
+    assert world.observe() == {"n1": NS.READY, "n2": NS.RETIRED}
+    rec = world.loop.nodes.get("n2")
+    assert rec.reason == "Down for more than 600 s"
+    retired = [e for e in world.store.list_events(object_id="n2") if e.type == "NodeRetired"]
+    assert [(e.from_status, e.to_status, e.actor) for e in retired] == [("Down", "Retired", None)]
+    world.clock.advance(10_000)
+    assert world.observe() == {"n1": NS.READY, "n2": NS.RETIRED}, "retired stays retired"
+    assert len([e for e in world.store.list_events(object_id="n2")]) == 2, "no more events"
+
+
+def test_a_retired_node_that_comes_back_alive_is_ready_again(world):
+    world.observe()
+    world.engine.kill_node("n1")
+    world.observe()
+    world.clock.advance(601)
+    assert world.observe()["n1"] == NS.RETIRED
+    world.engine.add_node(node("n1"))
+    assert world.observe()["n1"] == NS.READY
+    assert world.transitions("n1")[-1] == ("Retired", "Ready")
+
+
+def test_a_down_node_ray_no_longer_lists_is_retired_too(world):
+    world.observe()
+    world.engine.kill_node("n2")
+    world.observe()
+    world.clock.advance(601)
+    assert world.loop.reconcile([n for n in world.engine.nodes() if n.node_id != "n2"])
+    assert world.loop.nodes.get("n2").state == NS.RETIRED
+
+
+def test_retirement_can_be_turned_off(tmp_path, store_template):
+    clock = FakeClock()
+    store = open_test_store(tmp_path, clock, template=store_template)
+    try:
+        loop = NodeLoop(NodeStore(store), clock=clock, retire_down_after_s=None)
+        loop.reconcile([node("n1", alive=False)])
+        clock.advance(10**6)
+        assert loop.reconcile([node("n1", alive=False)])["n1"].state == NS.DOWN
+    finally:
+        store.close()
+
+
+def test_rm_refuses_a_live_node_and_retires_a_down_one(world):
+    world.observe()
+    with pytest.raises(NodeIsLive, match="is Ready: only a Down node can be removed"):
+        world.loop.retire("n1", "alice")
+    world.loop.cordon("n1", "alice")
+    with pytest.raises(NodeIsLive, match="is Cordoned"):
+        world.loop.retire("n1", "alice")
+    world.engine.kill_node("n1")
+    # Ray already says dead but the loop has not caught up: still refused (not Down yet).
+    with pytest.raises(NodeIsLive):
+        world.loop.retire("n1", "alice")
+    world.observe()
+    # The record says Down but Ray reports it alive again: refused.
+    with pytest.raises(NodeIsLive, match="is alive"):
+        world.loop.retire("n1", "alice", alive=True)
+    rec = world.loop.retire("n1", "alice")
+    assert (rec.state, rec.reason) == (NS.RETIRED, "removed by alice")
+    assert world.loop.retire("nope", "alice") is None
+    ev = [e for e in world.store.list_events(object_id="n1") if e.type == "NodeRetired"]
+    assert [(e.from_status, e.to_status, e.actor) for e in ev] == [("Down", "Retired", "alice")]
+    assert world.observe()["n1"] == NS.RETIRED
+
+
+def test_rm_of_a_node_ray_reports_dead_records_its_death_first(world):
+    world.observe()
+    world.engine.kill_node("n1")
+    # The tick has not run: the record still says Ready, as /v1/nodes would not.
+    assert world.loop.nodes.get("n1").state == NS.READY
+    rec = world.loop.retire("n1", "alice", alive=False)
+    assert rec.state == NS.RETIRED
+    ev = [e for e in world.store.list_events(object_id="n1") if e.to_status in ("Down", "Retired")]
+    assert [(e.from_status, e.to_status) for e in ev] == [("Ready", "Down"), ("Down", "Retired")]
+
+
+def test_node_metrics_count_current_nodes_only(world):
+    collector = StateCollector(
+        world.store, world.engine, clock=world.clock, node_states=world.loop.nodes.all
+    )
+
+    def node_counts() -> dict[str, float]:
+        fam = next(m for m in collector.collect() if m.name == "aicluster_nodes")
+        return {s.labels["state"]: s.value for s in fam.samples}
+
+    world.observe()
+    world.engine.kill_node("n2")
+    world.observe()
+    assert node_counts() == {"Ready": 1, "Down": 1}
+    world.loop.retire("n2", "alice")
+    assert node_counts() == {"Ready": 1}

@@ -22,6 +22,7 @@ from aicluster.control.api_ops import (
 from aicluster.control.snapshot import allocations, job_workload
 from aicluster.core.lifecycle import JobStatus
 from aicluster.core.model import Quota, Res
+from aicluster.core.nodestate import listed
 from aicluster.specs.limits import INT64_MAX, MAX_TEXT
 from aicluster.specs.names import NAME_PATTERN
 from aicluster.store.errors import Conflict, NotFound
@@ -31,7 +32,7 @@ from aicluster.store.jobs import JobRecord
 _bearer = HTTPBearer(auto_error=False)
 
 
-def job_json(job: JobRecord, events=None) -> dict:
+def job_json(job: JobRecord, events=None, attempts=None, now: float | None = None) -> dict:
     d = asdict(job)
     d["spec"] = job.spec.model_dump(mode="json")  # every field, defaults included
     d["status"] = job.status.value
@@ -42,6 +43,19 @@ def job_json(job: JobRecord, events=None) -> dict:
     d["has_workdir"] = bool(d.pop("workdir", None))
     if events is not None:
         d["events"] = [asdict(e) for e in events]
+    if attempts is not None:  # store.jobs.AttemptRecord, oldest first
+        d["attempts"] = [
+            {
+                "attempt": a.attempt,
+                "placement": a.placement,
+                "admitted_at": a.admitted_at,
+                "started_at": a.started_at,
+                "ended_at": a.ended_at,
+                "runtime_s": a.runtime_s(now if now is not None else job.updated_at),
+                "end_reason": a.end_reason,
+            }
+            for a in attempts
+        ]
     return finite(d)
 
 
@@ -121,7 +135,10 @@ def create_app(services: ApiOps, routers=()) -> FastAPI:
     @app.get("/v1/jobs/{job_id}", responses=responses(*SCOPED_JOB, 422))
     def get_job(job_id: str = JobId, who: Principal = Depends(principal)):
         job = services.get_job(who, job_id)
-        return job_json(job, services.store.list_events(object_id=job.id))
+        store = services.store
+        return job_json(
+            job, store.list_events(object_id=job.id), store.job_attempts(job.id), store.clock()
+        )
 
     @app.post("/v1/jobs/{job_id}/cancel", responses=responses(*SCOPED_JOB, *WRITE, 422))
     def cancel(job_id: str = JobId, who: Principal = Depends(principal)):
@@ -150,9 +167,11 @@ def create_app(services: ApiOps, routers=()) -> FastAPI:
         states = services.node_states()
         out = []
         for n in services.engine.nodes():
+            rec = states.get(n.node_id)
+            if not listed(rec.state if rec else None, n.alive):
+                continue  # retired: only its events remain
             d = asdict(n)
             d["allocated"] = asdict(used.get(n.node_id, Res()))
-            rec = states.get(n.node_id)
             # Ray's word that a node is dead wins over a state the node loop has not yet
             # caught up with (it updates once per tick): a dead node is never shown Ready.
             stale = rec is not None and not n.alive and rec.state.value != "Down"
@@ -162,15 +181,18 @@ def create_app(services: ApiOps, routers=()) -> FastAPI:
             out.append(d)
         return {"nodes": out}
 
-    @app.post("/v1/nodes/{node}/{action}", responses=responses(*ADMIN, 404, *BODY))
+    @app.post("/v1/nodes/{node}/{action}", responses=responses(*ADMIN, 404, 409, *BODY))
     def node_action(
         node: str = Path(max_length=MAX_TEXT),
         action: str = Path(max_length=64),
         body: NodeActionBody | None = None,
         who: Principal = Depends(principal),
     ):
-        if action not in ("cordon", "drain", "uncordon"):
-            raise NotFoundError(f"unknown node action {action!r}: cordon, drain or uncordon")
+        # retire: remove a Down node from the listings now (409 for a live one)
+        if action not in ("cordon", "drain", "uncordon", "retire"):
+            raise NotFoundError(
+                f"unknown node action {action!r}: cordon, drain, uncordon or retire"
+            )
         grace = body.grace_s if body else 300.0
         rec = services.node_action(who, node, action, grace)
         return {"node_id": rec.node_id, "state": rec.state.value, "reason": rec.reason}

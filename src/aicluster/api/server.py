@@ -15,6 +15,7 @@ import os
 import threading
 from pathlib import Path
 
+from aicluster.control.oplog import LOG_FORMATS, configure_logging
 from aicluster.engine.rayenv import apply_ray_env, ray_temp_dir
 
 log = logging.getLogger("aicluster.controlplane")
@@ -51,6 +52,8 @@ def _health_commands(home: Path) -> dict[str, str]:
 class ControlPlane:
     """Wires store, engine, controller and API; `serve()` blocks until shutdown."""
 
+    log_format = "text"  # or "json" (control.oplog): how uvicorn's own lines are written
+
     def __init__(
         self,
         home: Path,
@@ -60,6 +63,7 @@ class ControlPlane:
         tick_s: float = 0.2,
         policy: str = "fair",
         shared_paths: list[Path] = (),
+        retire_down_after_s: float | None = 600.0,
     ):
         apply_ray_env(home, loopback=ray_address.startswith("127."))
         from aicluster.api.app import create_app
@@ -111,7 +115,10 @@ class ControlPlane:
             ArtifactStore.open(self.store, home), job_team=self._job_team
         )
         self.node_loop = NodeLoop(
-            NodeStore(self.store), HealthAgents(NAMESPACE), commands=_health_commands(home)
+            NodeStore(self.store),
+            HealthAgents(NAMESPACE),
+            commands=_health_commands(home),
+            retire_down_after_s=retire_down_after_s,
         )
         quotas = QuotaStore(self.store)
         self.controller = Controller(
@@ -195,8 +202,17 @@ class ControlPlane:
         loop = threading.Thread(target=self._loop, name="reconcile", daemon=True)
         loop.start()
         self.node_loop.start()
+        # No colour codes (the log is a file); in JSON mode uvicorn's records go through
+        # the root handler (control.oplog.JsonFormatter) like every other line.
+        plain = {"log_config": None} if self.log_format == "json" else {}
         config = uvicorn.Config(
-            self.app, host=self.host, port=self.port, log_level="warning", access_log=False
+            self.app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            use_colors=False,
+            **plain,
         )
         try:
             uvicorn.Server(config).run()
@@ -223,10 +239,22 @@ def main(argv: list[str] | None = None) -> None:
         type=Path,
         help="a folder every workload may read and write (shared storage)",
     )
-    args = p.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    p.add_argument(
+        "--retire-down-after",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="retire a node Down for longer than this: no longer listed, its events kept "
+        "(0: never on its own; `aicluster nodes rm` still does)",
     )
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="text: key=value lines; json: one JSON object per line",
+    )
+    args = p.parse_args(argv)
+    configure_logging(args.log_format)
     home = Path(args.home)
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)  # admin.token, state.db and every team's logs live here
@@ -237,10 +265,12 @@ def main(argv: list[str] | None = None) -> None:
         args.port,
         policy=args.policy,
         shared_paths=args.shared_path,
+        retire_down_after_s=args.retire_down_after,
     )
     (home / "controlplane.json").write_text(
         json.dumps({"pid": os.getpid(), "url": f"http://{args.host}:{args.port}"})
     )
+    cp.log_format = args.log_format
     log.info("control plane pid %d serving http://%s:%d", os.getpid(), args.host, args.port)
     cp.serve()
 

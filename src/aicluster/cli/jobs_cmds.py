@@ -135,7 +135,7 @@ def describe(
             out.print_json(job)
             return
         names: dict[str, str] = {}
-        if job.get("placement"):
+        if job.get("placement") or job.get("attempts"):
             try:
                 names = {n["node_id"]: n.get("name") or n["node_id"] for n in c.nodes()}
             except ApiError:
@@ -172,8 +172,28 @@ def describe(
         out.console().print()
         cols: list[out.Column] = [("RANK", "rank"), ("NODE", "node"), ("NODE ID", "node_id")]
         out.print_table(rows, cols, title="Placement")
+    attempts = job.get("attempts") or []
+    if attempts:
+        out.console().print()
+        out.print_table(attempts, _attempt_columns(names), title="Attempts")
     out.console().print()
     out.print_table(job.get("events") or [], EVENT_COLUMNS, title="Events")
+
+
+def _attempt_columns(names: dict[str, str]) -> list[out.Column]:
+    """One line per attempt: where it ran, when, how long, and why it ended."""
+
+    def nodes(a: dict) -> str:
+        return ", ".join(names.get(n, n[:12]) for n in a.get("placement") or []) or "-"
+
+    return [
+        ("ATTEMPT", "attempt"),
+        ("NODES", nodes),
+        ("STARTED", lambda a: out.fmt_time(a.get("started_at"))),
+        ("ENDED", lambda a: out.fmt_time(a.get("ended_at"))),
+        ("RUNTIME", lambda a: out.fmt_duration(a.get("runtime_s"))),
+        ("END", lambda a: a.get("end_reason") or ("running" if not a.get("ended_at") else "-")),
+    ]
 
 
 def logs(

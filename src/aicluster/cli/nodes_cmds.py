@@ -1,4 +1,5 @@
-"""`aicluster cordon | drain | uncordon NODE` (admins)."""
+"""`aicluster cordon | drain | uncordon NODE` and `aicluster nodes rm NODE` (admins);
+`aicluster nodes` lists them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ from typing import Annotated
 import typer
 
 from aicluster.cli import output as out
-from aicluster.cli.common import TokenOpt, UrlOpt, cli_errors, make_client
+from aicluster.cli.common import (
+    OutputFormat,
+    OutputOpt,
+    TokenOpt,
+    UrlOpt,
+    cli_errors,
+    make_client,
+)
 from aicluster.client.api import node_action
 
 NodeArg = Annotated[str, typer.Argument(help="node id (a unique prefix will do) or name")]
@@ -45,6 +53,35 @@ def uncordon(node: NodeArg, url: UrlOpt = None, token: TokenOpt = None) -> None:
     _act(node, "uncordon", url, token)
 
 
+def rm(node: NodeArg, url: UrlOpt = None, token: TokenOpt = None) -> None:
+    """Retire a Down node now: it is no longer listed (nodes, metrics); its events stay.
+    A live node is refused: drain it and stop it first. Nodes Down for longer than the
+    control plane's --retire-down-after are retired on their own."""
+    with cli_errors(), make_client(url, token) as c:
+        rec = node_action(c, node, "retire")
+    out.console().print(f"node {rec['node_id'][:12]} is retired")
+
+
+def nodes(
+    ctx: typer.Context,
+    output: OutputOpt = OutputFormat.table,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """List the cluster's nodes with used/total resources; `nodes rm NODE` retires one."""
+    if ctx.invoked_subcommand is None:
+        from aicluster.cli.jobs_cmds import nodes as list_nodes
+
+        list_nodes(output, url, token)
+
+
 def register(app: typer.Typer) -> None:
+    """cordon, drain, uncordon; `nodes` becomes a group (the listing, and `rm`)."""
     for cmd in (cordon, drain, uncordon):
         app.command()(cmd)
+    # The plain listing stays where jobs_cmds registered it; the group runs it.
+    app.registered_commands = [c for c in app.registered_commands if c.name != "nodes"]
+    nodes_app = typer.Typer(invoke_without_command=True)
+    nodes_app.callback()(nodes)
+    nodes_app.command("rm")(rm)
+    app.add_typer(nodes_app, name="nodes")

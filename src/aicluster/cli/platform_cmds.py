@@ -79,7 +79,14 @@ def _pid_alive(pid: int | None) -> bool:
 
 
 def _start_control_plane(
-    home: Path, ray_address: str, host: str, port: int, policy: str = "fair", shared: list[str] = ()
+    home: Path,
+    ray_address: str,
+    host: str,
+    port: int,
+    policy: str = "fair",
+    shared: list[str] = (),
+    retire_down_after: float = 600.0,
+    log_format: str = "text",
 ) -> str:
     url = f"http://{host}:{port}"
     env = dict(os.environ)
@@ -98,6 +105,10 @@ def _start_control_plane(
         str(port),
         "--policy",
         policy,
+        "--retire-down-after",
+        f"{retire_down_after:g}",
+        "--log-format",
+        log_format,
     ]
     for path in shared:
         cmd += ["--shared-path", path]
@@ -142,10 +153,27 @@ def up(
         list[str] | None,
         typer.Option(help="a folder every job may read and write (shared storage); repeatable"),
     ] = None,
+    retire_down_after: Annotated[
+        float,
+        typer.Option(
+            help="seconds a node may stay Down before it is retired (no longer listed; its "
+            "events are kept); 0: never on its own"
+        ),
+    ] = 600.0,
+    log_format: Annotated[
+        str,
+        typer.Option(
+            help="the control plane's log (AICLUSTER_HOME/controlplane.log): text "
+            "(key=value lines) or json (one JSON object per line)"
+        ),
+    ] = "text",
 ) -> None:
     """Start Ray and the control plane on this machine (state in AICLUSTER_HOME)."""
     if policy not in ("fair", "fifo", "backfill"):
         err.print(f"[red]--policy must be fair, fifo or backfill, not {policy!r}[/red]")
+        raise typer.Exit(2)
+    if log_format not in ("text", "json"):
+        err.print(f"[red]--log-format must be text or json, not {log_format!r}[/red]")
         raise typer.Exit(2)
     from aicluster.engine.raynode import RayStartError, start_head
 
@@ -187,6 +215,8 @@ def up(
         api_port,
         policy,
         [str(Path(p).resolve()) for p in shared_path or []],
+        retire_down_after,
+        log_format=log_format,
     )
     _write_json(home / "client.json", {"url": url})
     out.print(f"aicluster is up.\n  API:         {url}  (OpenAPI docs at {url}/docs)")

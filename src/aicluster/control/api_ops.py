@@ -138,14 +138,29 @@ class ApiOps:
             rec = self.node_loop.cordon(node_id, who.user)
         elif action == "drain":
             rec = self.node_loop.drain(node_id, who.user, grace_s)
+        elif action == "retire":
+            from aicluster.control.nodes_loop import NodeIsLive
+            from aicluster.store.errors import Conflict
+
+            # Ray's word that the node is alive wins over a record not yet caught up.
+            alive = any(n.node_id == node_id and n.alive for n in self.engine.nodes())
+            try:
+                rec = self.node_loop.retire(node_id, who.user, alive=alive)
+            except NodeIsLive as exc:
+                raise Conflict(str(exc)) from None
         else:
             rec = self.node_loop.uncordon(node_id, who.user)
         self.notify()
         return rec
 
     def _resolve_node(self, node: str) -> str:
+        """A node id prefix or name among the nodes not retired."""
         states = self.node_states()
-        matches = [n for n, rec in states.items() if n.startswith(node) or rec.name == node]
+        matches = [
+            n
+            for n, rec in states.items()
+            if not rec.state.retired and (n.startswith(node) or rec.name == node)
+        ]
         if len(matches) != 1:
             what = "no node" if not matches else f"{len(matches)} nodes"
             raise NotFoundError(f"{what} match {node!r}; use a longer node id prefix")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from aicluster.control.logs import LogStore
+from aicluster.control.oplog import decision as log_decision
 from aicluster.control.snapshot import build_snapshot, job_artifact_keys, job_workload
 from aicluster.core.lifecycle import (
     JobStatus,
@@ -38,6 +39,8 @@ from aicluster.store.db import Store
 from aicluster.store.jobs import JobRecord
 
 log = logging.getLogger(__name__)
+# The operator's log: one key=value line per decision applied (control.oplog).
+decisions = logging.getLogger("aicluster.decisions")
 ACTIVE = (JobStatus.ADMITTED, JobStatus.RUNNING)
 GC_EVERY_S = 5.0
 # A worker can vanish seconds before Ray declares its node dead; wait this long
@@ -131,8 +134,12 @@ class Controller:
                 n = by_id[nid]
                 msg = f"{n.cpus:g} CPU, {n.gpus} GPU, pool {n.pool}"
                 self.store.add_event("node", nid, None, "NodeJoined", message=msg)
+                log_decision(
+                    decisions, "node_joined", node=nid, cpus=n.cpus, gpus=n.gpus, pool=n.pool
+                )
             for nid in sorted(self.alive - alive):
                 self.store.add_event("node", nid, None, "NodeLost", message="node is dead")
+                log_decision(decisions, "node_lost", logging.WARNING, node=nid)
         self.alive = alive
 
     def _nodes_in(self, *states: NodeState) -> frozenset[str]:
@@ -152,15 +159,17 @@ class Controller:
                 continue
             self.engine.stop(job.id, job.attempt, len(job.placement or []))
             self.pull_logs(job)
-            self.store.transition(
+            message = f"{Reason.NODE_DRAINED}: node {sorted(on)[0][:8]} drained"
+            if self.store.transition(
                 job.id,
                 job.status,
                 JobStatus.PENDING,
                 Reason.REQUEUED,
-                f"{Reason.NODE_DRAINED}: node {sorted(on)[0][:8]} drained",
+                message,
                 requeue_cause=RequeueCause.NODE_DRAINED,
                 placement=None,
-            )
+            ):
+                self._requeued(job, RequeueCause.NODE_DRAINED, message)
         for source in self.sources:
             busy |= {v.placement[0] for v in source.active_workloads() if v.placement}
         for node_id in draining - busy:
@@ -192,15 +201,18 @@ class Controller:
             self._running(job)
         else:
             self.engine.stop(job.id, job.attempt, len(job.placement or []))
-            self.store.transition(
+            message = "control plane restarted during launch"
+            cause = RequeueCause.CONTROL_PLANE_RESTARTED
+            if self.store.transition(
                 job.id,
                 JobStatus.ADMITTED,
                 JobStatus.PENDING,
                 Reason.REQUEUED,
-                "control plane restarted during launch",
-                requeue_cause=RequeueCause.CONTROL_PLANE_RESTARTED,
+                message,
+                requeue_cause=cause,
                 placement=None,
-            )
+            ):
+                self._requeued(job, cause, message)
 
     def _running(self, job: JobRecord) -> None:
         """ADMITTED -> RUNNING; after a requeue, say (and measure) how long recovery took."""
@@ -249,10 +261,8 @@ class Controller:
             first = failed[0]
             self.engine.stop(job.id, job.attempt, len(states))
             self.pull_logs(job)
-            self.store.transition(
-                job.id,
-                JobStatus.RUNNING,
-                JobStatus.FAILED,
+            self._fail(
+                job,
                 Reason.EXIT_CODE,
                 f"rank {first.rank} exited with code {first.exit_code}",
                 exit_code=first.exit_code,
@@ -262,26 +272,23 @@ class Controller:
                 produced = self._push_outputs(job)
             except Exception as exc:  # noqa: BLE001 - any storage failure fails the job
                 self.engine.stop(job.id, job.attempt, len(states))
-                self.store.transition(
-                    job.id,
-                    JobStatus.RUNNING,
-                    JobStatus.FAILED,
-                    Reason.OUTPUT_FAILED,
-                    f"{type(exc).__name__}: {exc}",
-                )
+                self._fail(job, Reason.OUTPUT_FAILED, f"{type(exc).__name__}: {exc}")
                 return
             self.engine.stop(job.id, job.attempt, len(states))
             message = "all workers exited 0" + (
                 f"; produced {', '.join(produced)}" if produced else ""
             )
-            self.store.transition(
+            if self.store.transition(
                 job.id,
                 JobStatus.RUNNING,
                 JobStatus.SUCCEEDED,
                 Reason.COMPLETED,
                 message,
                 exit_code=0,
-            )
+            ):
+                log_decision(
+                    decisions, "job_succeeded", job=job.id, team=job.team, attempt=job.attempt
+                )
 
     def _push_outputs(self, job: JobRecord) -> list[str]:
         """Push rank 0's outputs as new artifact versions: the control plane opens the
@@ -333,19 +340,52 @@ class Controller:
         """Stop the gang; requeue within the restart budget, else fail."""
         self.engine.stop(job.id, job.attempt, len(job.placement or []))
         max_restarts = job.spec.max_restarts
-        if failure_is_retryable(reason) and job.restarts < max_restarts:
-            self.store.transition(
+        if not failure_is_retryable(reason):
+            self._fail(job, reason, message)
+        elif job.restarts < max_restarts:
+            cause = requeue_cause_of(reason)
+            text = f"{reason}: {message}; restart {job.restarts + 1} of {max_restarts}"
+            if self.store.transition(
                 job.id,
                 job.status,
                 JobStatus.PENDING,
                 Reason.REQUEUED,
-                f"{reason}: {message}; restart {job.restarts + 1} of {max_restarts}",
-                requeue_cause=requeue_cause_of(reason),
+                text,
+                requeue_cause=cause,
                 restarts=job.restarts + 1,
                 placement=None,
+            ):
+                self._requeued(job, cause, text)
+        else:  # it would have been restarted: say that the restarts ran out
+            text = f"{reason}: {message}; restarts exhausted ({job.restarts} of {max_restarts})"
+            self._fail(job, reason, text)
+
+    def _fail(self, job: JobRecord, reason: Reason, message: str, **fields) -> None:
+        """End the job FAILED (from the status it is in) and log the decision."""
+        if self.store.transition(job.id, job.status, JobStatus.FAILED, reason, message, **fields):
+            log_decision(
+                decisions,
+                "job_failed",
+                logging.WARNING,
+                job=job.id,
+                team=job.team,
+                attempt=job.attempt,
+                reason=reason.value,
+                restarts=f"{job.restarts}/{job.spec.max_restarts}",
+                message=message,
             )
-        else:
-            self.store.transition(job.id, job.status, JobStatus.FAILED, reason, message)
+
+    def _requeued(self, job: JobRecord, cause: RequeueCause, message: str) -> None:
+        log_decision(
+            decisions,
+            "job_requeued",
+            job=job.id,
+            team=job.team,
+            attempt=job.attempt,
+            cause=cause.value,
+            placement=job.placement or [],
+            message=message,
+        )
 
     # -- admission --------------------------------------------------------------------
 
@@ -395,7 +435,7 @@ class Controller:
         self.launching.pop(job.id, None)
         self.engine.stop(job.id, job.attempt, len(job.placement or []))
         self.pull_logs(job)
-        self.store.transition(
+        if self.store.transition(
             job.id,
             job.status,
             JobStatus.PENDING,
@@ -403,7 +443,16 @@ class Controller:
             f"{Reason.PREEMPTED}: {decision.reason}",
             requeue_cause=RequeueCause.PREEMPTED,
             placement=None,
-        )
+        ):
+            log_decision(
+                decisions,
+                "job_preempted",
+                job=job.id,
+                team=job.team,
+                attempt=job.attempt,
+                placement=job.placement or [],
+                by=decision.reason,
+            )
 
     def _launch(self, job: JobRecord, decision: Admit) -> None:
         attempt = job.attempt + 1
@@ -418,16 +467,19 @@ class Controller:
         )
         if rec is None:
             return  # cancelled meanwhile
+        log_decision(
+            decisions,
+            "job_admitted",
+            job=rec.id,
+            team=rec.team,
+            attempt=attempt,
+            placement=rec.placement,
+            restarts=rec.restarts,
+        )
         try:
             inputs, storage = self._resolve_inputs(rec)
         except Exception as exc:  # noqa: BLE001 - deleted, unshared, storage down
-            self.store.transition(
-                rec.id,
-                JobStatus.ADMITTED,
-                JobStatus.FAILED,
-                Reason.INPUT_UNAVAILABLE,
-                str(exc).strip("'\""),
-            )
+            self._fail(rec, Reason.INPUT_UNAVAILABLE, str(exc).strip("'\""))
             return
         try:
             req = replace(self._launch_request(rec, attempt), inputs=inputs, storage=storage)
@@ -472,13 +524,7 @@ class Controller:
     def _wait(self, job: JobRecord, decision: Wait) -> None:
         limit = job.spec.max_pending_seconds
         if decision.never_fits and limit and self.clock() - job.created_at > limit:
-            self.store.transition(
-                job.id,
-                JobStatus.PENDING,
-                JobStatus.FAILED,
-                Reason.COULD_NEVER_FIT,
-                decision.reason,
-            )
+            self._fail(job, Reason.COULD_NEVER_FIT, decision.reason)
         else:
             self.store.set_wait_message(job.id, decision.reason, decision.kind)
 

@@ -28,6 +28,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from aicluster.core.lifecycle import JobStatus
+from aicluster.core.nodestate import listed
 
 CLUSTER_WIDE = frozenset(
     {
@@ -139,7 +140,8 @@ class StateCollector:
                 else ("Ready" if n.alive else "Down"),
             )
             for n in nodes
-        )
+            if listed(states[n.node_id].state if n.node_id in states else None, n.alive)
+        )  # current nodes only: a retired one is not counted
         for (pool, state), k in sorted(counts.items()):
             n_state.add_metric([pool, state], k)
         yield n_state

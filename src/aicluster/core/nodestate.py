@@ -5,9 +5,16 @@
     READY | DEGRADED | CORDONED -> DRAINING (admin: no new work, running work moves
                                   off within a grace period) -> CORDONED when empty
     any -> DOWN (Ray lost the node) -> READY | DEGRADED (it came back)
+    DOWN -> RETIRED (Down for longer than the control plane's --retire-down-after, or
+                     an admin's `aicluster nodes rm`) -> READY | DEGRADED (it came back)
 
 Only READY nodes take new work. An admin's CORDONED/DRAINING is never undone by a
 health check passing; DOWN wins over everything.
+
+RETIRED is the end of a dead node: it is no longer listed (API, CLI, metrics) and its
+events keep its history. It is terminal for as long as the node stays dead; should Ray
+report the same node id alive again, the node is READY (or DEGRADED) like any node that
+comes back from DOWN, and listed again. Only a DOWN node is retired, never a live one.
 """
 
 from __future__ import annotations
@@ -21,10 +28,15 @@ class NodeState(StrEnum):
     DRAINING = "Draining"
     CORDONED = "Cordoned"
     DOWN = "Down"
+    RETIRED = "Retired"
 
     @property
     def schedulable(self) -> bool:
         return self == NodeState.READY
+
+    @property
+    def retired(self) -> bool:
+        return self == NodeState.RETIRED
 
 
 NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
@@ -36,7 +48,8 @@ NODE_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
     ),
     NodeState.CORDONED: frozenset({NodeState.READY, NodeState.DRAINING, NodeState.DOWN}),
     NodeState.DRAINING: frozenset({NodeState.CORDONED, NodeState.READY, NodeState.DOWN}),
-    NodeState.DOWN: frozenset({NodeState.READY, NodeState.DEGRADED}),
+    NodeState.DOWN: frozenset({NodeState.READY, NodeState.DEGRADED, NodeState.RETIRED}),
+    NodeState.RETIRED: frozenset({NodeState.READY, NodeState.DEGRADED}),
 }
 
 ADMIN_STATES = frozenset({NodeState.CORDONED, NodeState.DRAINING})
@@ -48,11 +61,22 @@ def check_node_transition(src: NodeState, dst: NodeState) -> None:
 
 
 def next_state(current: NodeState, alive: bool, healthy: bool) -> NodeState:
-    """The state the facts call for, given the current one (admin states stick)."""
+    """The state the facts call for, given the current one (admin states stick; a
+    retired node stays retired while it is dead)."""
     if not alive:
-        return NodeState.DOWN
-    if current == NodeState.DOWN:
+        return NodeState.RETIRED if current == NodeState.RETIRED else NodeState.DOWN
+    if current in (NodeState.DOWN, NodeState.RETIRED):
         return NodeState.READY if healthy else NodeState.DEGRADED
     if current in ADMIN_STATES:
         return current
     return NodeState.READY if healthy else NodeState.DEGRADED
+
+
+def retire_due(state: NodeState, since: float, now: float, after_s: float | None) -> bool:
+    """A node Down for longer than `after_s` seconds is retired; None (or <= 0): never."""
+    return state == NodeState.DOWN and after_s is not None and after_s > 0 and now - since > after_s
+
+
+def listed(state: NodeState | None, alive: bool) -> bool:
+    """Whether a node Ray reports is shown (API, CLI, metrics): not when retired and dead."""
+    return not (state == NodeState.RETIRED and not alive)

@@ -73,10 +73,71 @@ class EventRecord:
     reason: str | None
     message: str | None
     actor: str | None
+    attempt: int | None = None  # a job transition's: the job's attempt after it
+    placement: list | None = None  # an admission's: the node id of each rank
+    requeue_cause: str | None = None  # a requeue's: why the attempt ended
 
     @classmethod
     def of(cls, row: EventRow) -> EventRecord:
         return cls(**fields_of(cls, row))
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One run of a job's gang, read from its transition events (attempts_of)."""
+
+    attempt: int
+    placement: list  # node id per rank
+    admitted_at: float
+    started_at: float | None  # RUNNING; None when it never got there (launch failed)
+    ended_at: float | None  # None while it runs
+    end_reason: str | None  # the requeue cause or the final reason; None while it runs
+
+    def runtime_s(self, now: float) -> float | None:
+        if self.started_at is None:
+            return None
+        return max(0.0, (self.ended_at if self.ended_at is not None else now) - self.started_at)
+
+
+_IN_ATTEMPT = (JobStatus.ADMITTED.value, JobStatus.RUNNING.value)
+
+
+def attempts_of(events: Iterable[EventRecord]) -> list[AttemptRecord]:
+    """Every attempt of a job from its events in order: an admission opens one, RUNNING
+    starts it, the next transition out of ADMITTED/RUNNING ends it. Events written before
+    they carried attempts and placements (revision 0011) count admissions instead."""
+    out: list[dict] = []
+    for e in events:
+        if e.type != "JobTransition":
+            continue
+        if e.to_status == JobStatus.ADMITTED.value:
+            out.append(
+                dict(
+                    attempt=e.attempt or len(out) + 1,
+                    placement=list(e.placement or []),
+                    admitted_at=e.ts,
+                    started_at=None,
+                    ended_at=None,
+                    end_reason=None,
+                )
+            )
+        elif out and out[-1]["ended_at"] is None and e.from_status in _IN_ATTEMPT:
+            if e.to_status == JobStatus.RUNNING.value:
+                out[-1]["started_at"] = e.ts
+            else:
+                out[-1]["ended_at"] = e.ts
+                out[-1]["end_reason"] = _end_reason(e)
+    return [AttemptRecord(**a) for a in out]
+
+
+def _end_reason(e: EventRecord) -> str | None:
+    if e.reason != Reason.REQUEUED.value:
+        return e.reason
+    if e.requeue_cause:
+        return e.requeue_cause
+    head = (e.message or "").split(":", 1)[0]  # older events: "node_lost: rank 0: ..."
+    causes = {c.value for c in RequeueCause}
+    return head if head in causes else e.reason
 
 
 class JobStore:
@@ -210,6 +271,9 @@ class JobStore:
                 reason,
                 message,
                 actor,
+                attempt=row.attempt or None,
+                placement=list(row.placement or []) if dst == JobStatus.ADMITTED else None,
+                requeue_cause=requeue_cause.value if requeue_cause is not None else None,
             )
             return JobRecord.of(row)
 
@@ -248,6 +312,9 @@ class JobStore:
         reason=None,
         message=None,
         actor=None,
+        attempt=None,
+        placement=None,
+        requeue_cause=None,
     ) -> None:
         s.add(
             EventRow(
@@ -261,8 +328,25 @@ class JobStore:
                 reason=str(reason) if reason else None,
                 message=message,
                 actor=actor,
+                attempt=attempt,
+                placement=placement,
+                requeue_cause=requeue_cause,
             )
         )
+
+    def job_attempts(self, job_id: str) -> list[AttemptRecord]:
+        """The job's attempts, oldest first, from all its transition events."""
+        q = (
+            select(EventRow)
+            .where(
+                EventRow.kind == "job",
+                EventRow.object_id == job_id,
+                EventRow.type == "JobTransition",
+            )
+            .order_by(EventRow.id)
+        )
+        with self._session() as s:
+            return attempts_of(EventRecord.of(r) for r in s.scalars(q))
 
     def list_events(
         self,

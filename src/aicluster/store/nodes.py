@@ -1,4 +1,5 @@
-"""Node states in the state store; every change writes a NodeStateChanged event."""
+"""Node states in the state store; every change writes a NodeStateChanged event (a
+retirement, Down -> Retired, a NodeRetired event)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ class NodeStore:
         actor: str | None = None,
         drain_deadline: float | None = None,
     ) -> NodeRecord | None:
+        event = "NodeRetired" if dst == NodeState.RETIRED else "NodeStateChanged"
         with self._session.begin() as s:
             row = s.get(NodeRow, node_id)
             if row is None:
@@ -85,7 +87,7 @@ class NodeStore:
                 "node",
                 node_id,
                 None,
-                "NodeStateChanged",
+                event,
                 src.value,
                 dst.value,
                 None,
@@ -93,6 +95,10 @@ class NodeStore:
                 actor,
             )
             return NodeRecord.of(row)
+
+    def retire(self, node_id: str, reason: str, actor: str | None = None) -> NodeRecord | None:
+        """Down -> Retired (ValueError from any other state); None for an unknown node."""
+        return self.set_state(node_id, NodeState.RETIRED, reason, actor)
 
     def record_checks(self, node_id: str, checks: list[dict]) -> None:
         with self._session.begin() as s:

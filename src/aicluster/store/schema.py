@@ -83,3 +83,8 @@ class EventRow(Base):
     reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     actor: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # A job transition's attempt (the job's attempt after it), on admission the node of each
+    # rank, on a requeue its cause: the story of every attempt (store.jobs.attempts_of).
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    placement: Mapped[list | None] = mapped_column(JSON, nullable=True)
+    requeue_cause: Mapped[str | None] = mapped_column(String(32), nullable=True)
