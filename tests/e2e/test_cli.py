@@ -65,6 +65,10 @@ def test_join_adds_a_labelled_node(platform):
     home, worker_home, up_out = platform
     ray_address = re.search(r"Ray head:\s+(\S+)", up_out).group(1)
     token_file = home / "ray" / "auth_token"
+    # An attempt killed with this machine's previous incarnation left its folder behind.
+    stale = ray_temp_dir(worker_home) / "aicluster-work" / "killed-0a1b2c-a1-r0"
+    stale.mkdir(parents=True)
+    (stale / "output.log").write_text("last words\n")
     run(
         worker_home,
         "join",
@@ -90,6 +94,7 @@ def test_join_adds_a_labelled_node(platform):
     assert joined["alive"] and joined["memory"] > 0
     table = run(home, "nodes").stdout
     assert "p2" in table and "rack=r1" in table
+    assert not stale.exists(), "a (re)joining machine clears the folders of killed attempts"
 
 
 def test_bad_spec_names_field_and_line(platform, tmp_path):

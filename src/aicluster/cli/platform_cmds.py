@@ -189,6 +189,7 @@ def up(
         return
     ray_address = state.get("ray_address")
     if not ray_address or not _ray_alive(home):
+        _clear_stale_work(home)
         try:
             ray_address = start_head(
                 home,
@@ -241,6 +242,14 @@ def _ray_alive(home: Path) -> bool:
     return any("gcs_server" in " ".join(p.cmdline()) for p in installation_processes(home))
 
 
+def _clear_stale_work(home: Path) -> None:
+    """Before this installation's Ray starts on this machine, no workload of it can be
+    running here: the folders of attempts killed with the machine (or its Ray) go."""
+    from aicluster.engine.rayenv import ray_temp_dir
+
+    shutil.rmtree(ray_temp_dir(home) / "aicluster-work", ignore_errors=True)
+
+
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2))
@@ -263,9 +272,7 @@ def down() -> None:
         except psutil.NoSuchProcess:
             pass
     n = kill_installation(home)
-    from aicluster.engine.rayenv import ray_temp_dir
-
-    shutil.rmtree(ray_temp_dir(home) / "aicluster-work", ignore_errors=True)  # workloads' folders
+    _clear_stale_work(home)  # the workloads' folders
     for name in ("controlplane.json", "platform.json"):
         (home / name).unlink(missing_ok=True)
     out.print(f"aicluster is down ({n} Ray process(es) stopped)")
@@ -312,6 +319,8 @@ def join(
     elif not ray_token_path(home).exists():
         err.print("[red]--ray-token-file is required: the head's Ray token file[/red]")
         raise typer.Exit(2)
+    if not _ray_alive(home):
+        _clear_stale_work(home)
     try:
         ray_join(
             home, head_address, node_ip=address, num_cpus=num_cpus, num_gpus=num_gpus, labels=labels
