@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from fastapi import Depends, FastAPI, Path, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from aicluster.api.bodies import NodeActionBody, QuotaBody, SubmitBody, TeamBody, TokenBody
@@ -59,10 +59,6 @@ def job_json(job: JobRecord, events=None, attempts=None, now: float | None = Non
     return finite(d)
 
 
-def _error(status: int, message: str, **extra) -> JSONResponse:
-    return error(status, message, **extra)
-
-
 # Error statuses per kind of route, declared in the OpenAPI document.
 AUTHED = (401,)
 SCOPED = (401, 404)  # an object of another team is "not found"
@@ -104,11 +100,11 @@ def create_app(services: ApiOps, routers=()) -> FastAPI:
     @app.exception_handler(AmbiguousJobName)
     async def _ambiguous(_req: Request, exc: AmbiguousJobName):
         candidates = [{"id": j.id, "team": j.team} for j in exc.candidates]
-        return _error(409, str(exc), field="job_id", candidates=candidates)
+        return error(409, str(exc), field="job_id", candidates=candidates)
 
     @app.exception_handler(_Unauthorized)
     async def _unauth(_req: Request, _exc: _Unauthorized):
-        resp = _error(401, "missing or invalid API token")
+        resp = error(401, "missing or invalid API token")
         resp.headers["WWW-Authenticate"] = "Bearer"
         return resp
 

@@ -12,14 +12,14 @@ import json
 import re
 from collections.abc import Callable
 
-from aicluster.specs.limits import MAX_WORKDIR_BYTES
+from aicluster.specs.limits import MAX_OPENAI_BODY_BYTES, MAX_WORKDIR_BYTES
 
 MiB = 2**20
 DEFAULT_LIMIT = 1 * MiB
 # A job submission carries its working directory base64-encoded (4/3 of its size).
 SUBMIT_LIMIT = -(-MAX_WORKDIR_BYTES // 3) * 4 + DEFAULT_LIMIT
 ARTIFACT_LIMIT = 64 * MiB  # upload manifests list every file
-GATEWAY_LIMIT = 16 * MiB  # long prompts
+GATEWAY_LIMIT = MAX_OPENAI_BODY_BYTES  # the gateway enforces the same bound itself
 
 # (method or None for any, path pattern, limit or None for unlimited); the first match wins.
 FAMILIES: list[tuple[str | None, re.Pattern, int | None]] = [

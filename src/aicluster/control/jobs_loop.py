@@ -160,16 +160,7 @@ class Controller:
             self.engine.stop(job.id, job.attempt, len(job.placement or []))
             self.pull_logs(job)
             message = f"{Reason.NODE_DRAINED}: node {sorted(on)[0][:8]} drained"
-            if self.store.transition(
-                job.id,
-                job.status,
-                JobStatus.PENDING,
-                Reason.REQUEUED,
-                message,
-                requeue_cause=RequeueCause.NODE_DRAINED,
-                placement=None,
-            ):
-                self._requeued(job, RequeueCause.NODE_DRAINED, message)
+            self._requeue(job, RequeueCause.NODE_DRAINED, message)
         for source in self.sources:
             busy |= {v.placement[0] for v in source.active_workloads() if v.placement}
         for node_id in draining - busy:
@@ -202,17 +193,7 @@ class Controller:
         else:
             self.engine.stop(job.id, job.attempt, len(job.placement or []))
             message = "control plane restarted during launch"
-            cause = RequeueCause.CONTROL_PLANE_RESTARTED
-            if self.store.transition(
-                job.id,
-                JobStatus.ADMITTED,
-                JobStatus.PENDING,
-                Reason.REQUEUED,
-                message,
-                requeue_cause=cause,
-                placement=None,
-            ):
-                self._requeued(job, cause, message)
+            self._requeue(job, RequeueCause.CONTROL_PLANE_RESTARTED, message)
 
     def _running(self, job: JobRecord) -> None:
         """ADMITTED -> RUNNING; after a requeue, say (and measure) how long recovery took."""
@@ -343,19 +324,8 @@ class Controller:
         if not failure_is_retryable(reason):
             self._fail(job, reason, message)
         elif job.restarts < max_restarts:
-            cause = requeue_cause_of(reason)
             text = f"{reason}: {message}; restart {job.restarts + 1} of {max_restarts}"
-            if self.store.transition(
-                job.id,
-                job.status,
-                JobStatus.PENDING,
-                Reason.REQUEUED,
-                text,
-                requeue_cause=cause,
-                restarts=job.restarts + 1,
-                placement=None,
-            ):
-                self._requeued(job, cause, text)
+            self._requeue(job, requeue_cause_of(reason), text, restarts=job.restarts + 1)
         else:  # it would have been restarted: say that the restarts ran out
             text = f"{reason}: {message}; restarts exhausted ({job.restarts} of {max_restarts})"
             self._fail(job, reason, text)
@@ -375,17 +345,41 @@ class Controller:
                 message=message,
             )
 
-    def _requeued(self, job: JobRecord, cause: RequeueCause, message: str) -> None:
-        log_decision(
-            decisions,
-            "job_requeued",
-            job=job.id,
-            team=job.team,
-            attempt=job.attempt,
-            cause=cause.value,
-            placement=job.placement or [],
-            message=message,
-        )
+    def _requeue(
+        self,
+        job: JobRecord,
+        cause: RequeueCause,
+        message: str,
+        restarts: int | None = None,
+        by: str | None = None,
+    ) -> None:
+        """Back to PENDING (placement cleared) for `cause`, from the status the job is in,
+        and log the decision: `job_preempted` (`by` whom) or `job_requeued`."""
+        fields = {} if restarts is None else {"restarts": restarts}
+        if not self.store.transition(
+            job.id,
+            job.status,
+            JobStatus.PENDING,
+            Reason.REQUEUED,
+            message,
+            requeue_cause=cause,
+            placement=None,
+            **fields,
+        ):
+            return
+        where = {"job": job.id, "team": job.team, "attempt": job.attempt}
+        placement = job.placement or []
+        if by is not None:
+            log_decision(decisions, "job_preempted", **where, placement=placement, by=by)
+        else:
+            log_decision(
+                decisions,
+                "job_requeued",
+                **where,
+                cause=cause.value,
+                placement=placement,
+                message=message,
+            )
 
     # -- admission --------------------------------------------------------------------
 
@@ -435,24 +429,8 @@ class Controller:
         self.launching.pop(job.id, None)
         self.engine.stop(job.id, job.attempt, len(job.placement or []))
         self.pull_logs(job)
-        if self.store.transition(
-            job.id,
-            job.status,
-            JobStatus.PENDING,
-            Reason.REQUEUED,
-            f"{Reason.PREEMPTED}: {decision.reason}",
-            requeue_cause=RequeueCause.PREEMPTED,
-            placement=None,
-        ):
-            log_decision(
-                decisions,
-                "job_preempted",
-                job=job.id,
-                team=job.team,
-                attempt=job.attempt,
-                placement=job.placement or [],
-                by=decision.reason,
-            )
+        message = f"{Reason.PREEMPTED}: {decision.reason}"
+        self._requeue(job, RequeueCause.PREEMPTED, message, by=decision.reason)
 
     def _launch(self, job: JobRecord, decision: Admit) -> None:
         attempt = job.attempt + 1

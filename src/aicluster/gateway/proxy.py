@@ -35,9 +35,10 @@ from aicluster.core.routing import ReplicaState, RouteRequest, RoutingPolicy, ma
 from aicluster.gateway import errors
 from aicluster.gateway.schemas import ERROR_RESPONSES, openapi_extra
 from aicluster.runtime.replica_auth import SECRET_HEADER
+from aicluster.specs.limits import MAX_OPENAI_BODY_BYTES
 
 MAX_ATTEMPTS = 3
-MAX_BODY_BYTES = 32 * 2**20
+MAX_BODY_BYTES = MAX_OPENAI_BODY_BYTES  # the API's limit too: one bound, wherever it runs
 MAX_ERROR_BYTES = 1 << 20  # of an engine's error answer, read to translate it
 ROUTES = ("completions", "chat/completions", "embeddings")
 

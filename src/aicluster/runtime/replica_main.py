@@ -96,6 +96,8 @@ def secure_plan(spec: ServiceSpec, env: dict[str, str]) -> tuple[LaunchPlan, Aut
 
 def main(argv: list[str] | None = None) -> int:
     spec = ServiceSpec.model_validate_json((argv or sys.argv[1:])[0])
+    # This process runs in the workload sandbox, whose environment is already the
+    # allow-listed one (runtime.sandbox.workload_env); the engine gets it less the secret.
     plan, proxy = secure_plan(spec, dict(os.environ))
     if proxy is not None:
         print(f"aicluster replica: engine on {plan.base_url}, behind the auth proxy", flush=True)

@@ -18,6 +18,9 @@ MAX_LIST = 256  # job inputs and outputs, engine arguments, routing options
 
 MAX_SECONDS = 10 * 365 * 24 * 3600.0  # timeouts and delays: ten years is "never"
 
+# A request to the gateway's OpenAI routes (long prompts; the API and the gateway share it).
+MAX_OPENAI_BODY_BYTES = 16 * 2**20
+
 # The uploaded working directory (a gzip-compressed tar archive).
 MAX_WORKDIR_BYTES = 64 * 2**20  # compressed, as sent
 MAX_WORKDIR_UNPACKED = 2**30  # the sum of the members' sizes
