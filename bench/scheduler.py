@@ -1,4 +1,4 @@
-"""Scheduler benchmark: every policy on real traces, with ratios against `fifo` in the same run.
+"""Scheduler benchmark: every policy on real traces, with ratios against a baseline in the same run.
 
 Run:  .venv/bin/python bench/scheduler.py                (everything, a few minutes on 2 cores)
       .venv/bin/python bench/scheduler.py --philly-jobs 5000 --cycle-gangs 2000   (quick look)
@@ -9,9 +9,15 @@ Prints:
    (the 4 tiny VCs dropped), each VC a team guaranteed 1/4 of its nodes (8 GPUs each:
    88 nodes, 704 GPUs, racks of 16), one cohort, no borrowing limit. Jobs carry a runtime
    limit of `--limit-factor` x their duration (only `backfill` reads it).
+   Baselines in the same run: `fifo` (partitioned: each team FCFS within its guarantee, no
+   borrowing) and `fifo-wc`, a work-conserving FIFO: one FCFS queue over the same nodes
+   with no quotas at all (issue 17: most of `fair`'s lead over `fifo` is borrowing, which
+   `fifo-wc` has too). Ratios are against `fifo-wc`.
    Per policy: average / median / p99 JCT, average / p99 / max queueing delay, makespan,
-   utilisation, preemptions, each with its ratio to `fifo`; then each team's share of GPU
-   time against its guarantee; and how long each whole replay took.
+   utilisation, preemptions, each with its ratio to the baseline; then each team's share of
+   GPU time against its guarantee; fairness across teams (GPUs held / guarantee while a team
+   had gangs queued: min, p10, median, and Jain's index, see sim.report); and how long each
+   whole replay took.
 3. One planning cycle with `--cycle-gangs` pending gangs on `--cycle-nodes` 8-GPU nodes
    (racks of 32, 100 teams with quotas): admissions and admissions per second.
 The simulator and the policies are the ones the control plane runs (core.scheduler).
@@ -52,6 +58,8 @@ from aicluster.sim import (
     summarise,
     team_cluster,
 )
+from aicluster.sim.cluster import SimCluster
+from aicluster.sim.report import fairness
 
 UNITS = {"h": 3600.0, "s": 1.0}
 METRICS = [  # (column, Report attribute, is a time, format)
@@ -70,20 +78,22 @@ def ratio(value: float, base: float) -> str:
     return f"x{value / base:.2f}" if base else "-"
 
 
-def policy_table(title: str, reports: dict, times: dict[str, float], unit: str = "h") -> Table:
-    t = Table(title=title)
+def policy_table(
+    title: str, reports: dict, times: dict[str, float], unit: str = "h", base: str = "fifo"
+) -> Table:
+    t = Table(title=f"{title}; ratios against {base}")
     t.add_column("policy")
     for col, _, is_time, _ in METRICS:
         t.add_column(f"{col} {unit}" if is_time else col, justify="right")
     for col in ("preempt", "done", "replay s (CPU s)"):
         t.add_column(col, justify="right")
-    base = reports["fifo"]
+    ref = reports[base]
     for name, r in reports.items():
         cells = []
         for _, attr, is_time, fmt in METRICS:
             v = getattr(r, attr)
             cell = fmt.format(v / UNITS[unit] if is_time else v)
-            cells.append(cell if name == "fifo" else f"{cell} ({ratio(v, getattr(base, attr))})")
+            cells.append(cell if name == base else f"{cell} ({ratio(v, getattr(ref, attr))})")
         done = f"{r.finished}/{r.jobs}" + (f" rej {r.rejected}" if r.rejected else "")
         wall, cpu = times[name]
         cells += [str(r.preemptions), done, f"{wall:.1f} ({cpu:.1f})"]
@@ -110,13 +120,35 @@ def share_table(reports: dict) -> Table:
     return t
 
 
-def run_policies(jobs, cluster, policies, cfg):
+def fairness_table(reports: dict) -> Table:
+    t = Table(
+        title="philly fairness across teams: GPUs held / guarantee while a team had gangs "
+        "queued (1.00 = its whole guarantee), and Jain's index over min(1, held)"
+    )
+    for col in ("policy", "min", "p10", "median", "Jain"):
+        t.add_column(col, justify="right")
+    for name, r in reports.items():
+        f = fairness(r.held_while_queued)
+        if f is None:
+            t.add_row(name, "-", "-", "-", "-")
+        else:
+            t.add_row(name, f"{f.min:.2f}", f"{f.p10:.2f}", f"{f.median:.2f}", f"{f.jain:.3f}")
+    return t
+
+
+def run_policies(jobs, cluster, policies, cfg, work_conserving: bool = False):
+    """Every policy on `cluster`; with `work_conserving`, first `fifo-wc`: fifo on the same
+    nodes without quotas, its fairness measured against the cluster's guarantees."""
     reports, times = {}, {}
-    for name in policies:
+    runs = [(name, cluster, name) for name in policies]
+    if work_conserving:
+        runs.insert(0, ("fifo-wc", SimCluster(cluster.nodes, ()), "fifo"))
+    guarantees = {q.team: q.gpus for q in cluster.quotas}
+    for label, on, name in runs:
         t0, c0 = time.perf_counter(), time.process_time()
-        result = simulate(jobs, cluster, name, cfg)
-        times[name] = (time.perf_counter() - t0, time.process_time() - c0)
-        reports[name] = summarise(result)
+        result = simulate(jobs, on, name, cfg)
+        times[label] = (time.perf_counter() - t0, time.process_time() - c0)
+        reports[label] = summarise(result, guarantees)
     return reports, times
 
 
@@ -205,9 +237,10 @@ def main() -> None:
             f"of their VC size ({cluster.gpus} GPUs), runtime limit = {args.limit_factor:g} x duration, "
             "times in hours"
         )
-        reports, times = run_policies(jobs, cluster, POLICY_NAMES, cfg)
-        console.print(policy_table(title, reports, times))
+        reports, times = run_policies(jobs, cluster, POLICY_NAMES, cfg, work_conserving=True)
+        console.print(policy_table(title, reports, times, base="fifo-wc"))
         console.print(share_table(reports))
+        console.print(fairness_table(reports))
         console.print(
             "whole philly replay per policy, wall (CPU) seconds: "
             + ", ".join(

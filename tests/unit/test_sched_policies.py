@@ -119,6 +119,31 @@ def test_backfill_without_limits_uses_nodes_the_head_does_not_need():
     assert d["later"] == Admit("later", ("b",))
 
 
+def test_backfill_without_limits_never_starts_a_gang_ahead_of_a_quota_blocked_head():
+    """Issue 17 (2): without runtime limits the quota hold's shadow time is infinite, and
+    `end > time` (INF > INF) was False, so every smaller gang of the team started ahead of
+    its quota-blocked head, forever (Philly: 32-GPU gangs started 78 days late)."""
+    snap = qsnap(
+        [node("n", gpus=16)],
+        [gang("head", team="a", gpus=8, submitted_at=0), gang("small", team="a", gpus=2)],
+        running=[running(gang("ra", team="a", gpus=4), ["n"])],
+        quotas=[q("a", 8), q("b", 8)],
+    )
+    d = by_id(plan_cycle(snap, 10.0, "backfill"))
+    assert isinstance(d["head"], Wait) and d["head"].kind is WaitKind.QUOTA
+    assert isinstance(d["small"], Wait) and d["small"].kind is WaitKind.QUEUED_BEHIND
+    # With limits, a gang that ends before the running work frees the quota may go first.
+    limited = replace(gang("ra", team="a", gpus=4), runtime_limit=100.0)
+    short = replace(gang("small", team="a", gpus=2), runtime_limit=50.0)
+    snap = qsnap(
+        [node("n", gpus=16)],
+        [gang("head", team="a", gpus=8, submitted_at=0), short],
+        running=[running(limited, ["n"])],
+        quotas=[q("a", 8), q("b", 8)],
+    )
+    assert isinstance(by_id(plan_cycle(snap, 10.0, "backfill"))["small"], Admit)
+
+
 # -- fair: borrowing and fair share --------------------------------------------------
 
 
@@ -285,6 +310,28 @@ def test_fair_holds_nodes_for_a_starving_gang():
     got = admits(d)
     assert len(got) == 6 and all(p != ("n0",) for p in got.values())  # n0 is kept for "old"
     assert len(admits(plan_cycle(snap, 1.0 * H, "fair"))) == 8  # not yet starving: no hold
+
+
+def test_fair_keeps_a_capped_teams_guarantee_for_its_starving_big_gang():
+    """Issue 17 (3): team a (guarantee 8, no borrowing) runs 4 GPUs; its 8-GPU gang, above
+    what is left of the guarantee, starves while its 2-GPU gangs keep taking the rest."""
+    ra = running(gang("ra", team="a", gpus=4), ["n"])
+    big = gang("big", team="a", gpus=8, submitted_at=0.0)
+    small = gang("small", team="a", gpus=2, submitted_at=99.0 * H)
+    other = gang("other", team="b", gpus=2, submitted_at=99.0 * H)
+    quotas = [q("a", 8, borrow_gpus=0), q("b", 8)]
+    snap = qsnap([node("n", gpus=16)], [big, small, other], running=[ra], quotas=quotas)
+    d = by_id(plan_cycle(snap, 100.0 * H, "fair"))
+    assert isinstance(d["big"], Wait) and d["big"].kind is WaitKind.QUOTA
+    assert d["small"].kind is WaitKind.QUEUED_BEHIND and "big" in d["small"].reason
+    assert isinstance(d["other"], Admit), "other teams go on"
+    # Not yet starving: the small gang fills the guarantee as before (work conserving).
+    d = by_id(plan_cycle(snap, 1.0 * H, "fair"))
+    assert isinstance(d["small"], Admit) and isinstance(d["big"], Wait)
+    # Once its team's running work ends, the big gang starts.
+    done = qsnap([node("n", gpus=16)], [big, small], quotas=quotas)
+    d = by_id(plan_cycle(done, 100.0 * H, "fair"))
+    assert isinstance(d["big"], Admit)
 
 
 def test_fair_a_starving_borrower_closes_the_cohort_to_other_borrowers():

@@ -45,9 +45,9 @@ def test_load_60_job_format(tmp_path):
     )
     jobs = load_60_job(path, team="t")
     assert [(j.job_id, j.submit, j.gpus, j.duration) for j in jobs] == [
-        ("j0", 0.0, 1, 164.0),
-        ("j1", 30.0, 8, 147.0),
-        ("j2", 30.0, 1, 1.0),
+        ("j000", 0.0, 1, 164.0),
+        ("j001", 30.0, 8, 147.0),
+        ("j002", 30.0, 1, 1.0),
     ]  # sorted by submit then id; at least 1 GPU and 1 s
     assert {j.team for j in jobs} == {"t"}
 
@@ -67,10 +67,33 @@ def test_load_philly_format(tmp_path):
     )
     jobs = load_philly(path, {"big"})
     assert [(j.job_id, j.submit, j.duration, j.gpus) for j in jobs] == [
-        ("p1", 0.0, 1.0, 1),
-        ("p0", 60.0, 66.0, 1),
+        ("p0000001", 0.0, 1.0, 1),
+        ("p0000000", 60.0, 66.0, 1),
     ]
     assert len(load_philly(path)) == 3  # every team
+
+
+def test_trace_replays_do_not_depend_on_the_machine(tmp_path, monkeypatch):
+    """Issue 17 (5): timestamps read as UTC whatever the time zone (a DST change fell
+    inside the window), ties in submit time kept in row order past row 9, team sizes
+    scaled half up."""
+    import time
+
+    path = tmp_path / "philly.csv"
+    rows = ["2017-11-05 00:00:00", "2017-11-06 00:00:00"] + ["2017-11-06 00:00:00"] * 10
+    path.write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        + "".join(f"{ts},10.0,1,10.0,big\n" for ts in rows)
+    )
+    for tz in ("UTC", "America/Los_Angeles"):
+        monkeypatch.setenv("TZ", tz)
+        time.tzset()
+        jobs = load_philly(path, start="2017-11-05")
+        assert jobs[1].submit - jobs[0].submit == 86400.0, tz  # 25 h in Los Angeles
+    monkeypatch.delenv("TZ")
+    time.tzset()
+    assert [j.job_id for j in jobs[1:]] == [f"p{i:07d}" for i in range(1, 12)]
+    assert [q.gpus for q in team_cluster({"a": 10, "b": 14}, 0.25).quotas] == [24, 32]
 
 
 # -- loaders ----------------------------------------------------------------------------
@@ -142,6 +165,16 @@ def test_jobs_queue_fifo_on_a_full_cluster():
     jobs = [TraceJob(f"j{i}", "t", float(i), 100.0, 8) for i in range(3)]
     res = simulate(jobs, shared_cluster(1), "fifo")
     assert [r.finish for r in res.jobs] == [100.0, 200.0, 300.0]
+
+
+@pytest.mark.parametrize("policy", ["fifo", "backfill", "fair"])
+def test_gangs_beyond_the_queue_depth_start_when_there_is_room(policy):
+    """Issue 17 (1): 40 one-GPU jobs at t=0 on 64 free GPUs; the policy sees 32 a cycle,
+    and the other 8 used to wait for an unrelated event (here: t=1000)."""
+    jobs = [TraceJob(f"j{i:02d}", "t", 0.0, 1000.0, 1) for i in range(40)]
+    res = simulate(jobs, shared_cluster(8), policy, SimConfig(queue_depth=32))
+    assert [r.first_start for r in res.jobs] == [0.0] * 40
+    assert summarise(res).avg_jct == 1000.0
 
 
 def test_reclaim_preempts_and_charges_checkpoint_and_restore_cost():
@@ -233,3 +266,15 @@ def test_held_while_queued_shows_who_had_its_guarantee():
     fair = summarise(simulate(jobs, cluster, "fair"))
     assert fifo.held_while_queued["busy"] <= 1.0 + 1e-9  # never above its guarantee
     assert fair.held_while_queued["busy"] > 1.2  # it borrowed the idle team's GPUs
+
+
+def test_fairness_across_teams_and_jains_index():
+    from aicluster.sim.report import fairness
+
+    f = fairness({"a": 1.0, "b": 1.5, "c": 1.0, "d": 1.0})
+    assert (f.min, f.median, f.jain) == (1.0, 1.0, 1.0), "borrowing above is no unfairness"
+    f = fairness({"a": 1.0, "b": 0.0, "c": 0.0, "d": 0.0})
+    assert (f.min, f.jain) == (0.0, 0.25)  # one team of four had its guarantee: 1/n
+    f = fairness({t: x for t, x in zip("abcdefghij", [0.36] + [1.0] * 9, strict=True)})
+    assert f.min == f.p10 == 0.36 and f.median == 1.0 and 0.9 < f.jain < 1.0
+    assert fairness({}) is None

@@ -6,6 +6,7 @@ reproducible and node names sort in placement tie-break order.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from aicluster.core.model import NodeView, Quota, Res
@@ -55,7 +56,8 @@ def team_cluster(
 ) -> SimCluster:
     """Each team guaranteed its node count x `scale` (at least one node) of GPUs; the
     cluster is exactly the sum, in one pool "default", one cohort."""
-    sizes = {t: max(1, round(n * scale)) for t, n in sorted(team_nodes.items())}
+    # half up (2.5 -> 3), not round()'s half to even (2.5 -> 2, 3.5 -> 4)
+    sizes = {t: max(1, math.floor(n * scale + 0.5)) for t, n in sorted(team_nodes.items())}
     nodes = build_nodes(sum(sizes.values()), gpus_per_node, nodes_per_rack)
     quotas = tuple(
         Quota(team=t, pool="default", gpus=n * gpus_per_node, borrow_gpus=borrow_gpus)

@@ -11,7 +11,10 @@ control plane would and applies the decisions of the same `plan_cycle`:
 - Wait with never_fits: the job is rejected (it would wait forever) and reported.
 
 Like a real scheduler's queue depth, the policy sees at most `queue_depth` pending gangs
-per team each cycle (oldest first; `fifo` decisions never depend on deeper ones).
+per team each cycle (oldest first; `fifo` decisions never depend on deeper ones). A cycle
+that admitted something while a queue was cut short is followed at once by another, so
+the gangs beyond the depth never wait for an unrelated event while GPUs sit idle (the
+live control plane has no depth: it plans over every pending gang each tick).
 
 Invariant: every job is pending, running, finished or rejected, exactly one of them;
 a finite trace always ends (the run stops with the unfinished jobs reported if ever no
@@ -193,10 +196,15 @@ class _Sim:
         rec.gang = replace(rec.gang, attained_service=attained)
         self.enqueue(i)
 
-    def cycle(self, now: float) -> bool:
-        """One planning cycle; True when it preempted (so another cycle should follow)."""
+    def truncated(self) -> bool:
+        """True when the policy does not see every pending gang (queue_depth)."""
+        d = self.cfg.queue_depth
+        return any(len(q) > d for q in self.queues.values())
+
+    def cycle(self, now: float) -> tuple[bool, bool]:
+        """One planning cycle; (preempted, admitted anything)."""
         self.cycles += 1
-        preempted = False
+        preempted = admitted = False
         for d in self.policy.plan(self.snapshot(), now):
             kind = type(d)
             if kind is Wait:
@@ -206,10 +214,25 @@ class _Sim:
                     self.dequeue(i)
             elif kind is Admit:
                 self.start(self.index[d.workload_id], d.placement, now)
+                admitted = True
             elif kind is Preempt:
                 self.preempt(self.index[d.workload_id], now)
                 preempted = True
-        return preempted
+        return preempted, admitted
+
+    def plan(self, now: float) -> None:
+        """Cycles at `now` until one changes nothing more: after a preemption (at most 4
+        in a row), or while admissions let gangs beyond the queue depth come into view."""
+        preemptions = 0
+        while True:
+            truncated = self.truncated()
+            preempted, admitted = self.cycle(now)
+            if preempted:
+                preemptions += 1
+                if preemptions < 4:
+                    continue
+            if not (admitted and truncated and any(self.queues.values())):
+                return
 
     def _account(self, since: float, now: float) -> None:
         """Time each team spent with gangs queued, and the GPUs it held meanwhile."""
@@ -242,9 +265,7 @@ class _Sim:
                 nxt += 1
             if any(self.queues.values()):
                 last = now
-                for _ in range(4):
-                    if not self.cycle(now):
-                        break
+                self.plan(now)
 
 
 def simulate(

@@ -6,7 +6,10 @@ submit; makespan = last finish - first submit; utilisation = GPU-seconds held by
 is its GPU-seconds / all GPU-seconds held; its guarantee is its quota / cluster GPUs
 (over a whole finite trace the share is the team's demand, whatever the policy); "held
 while queued" is the GPUs it held / its guarantee, averaged over the time it had gangs
-waiting (1.0: it had its guarantee whenever it wanted more; above: it borrowed).
+waiting (1.0: it had its guarantee whenever it wanted more; above: it borrowed). Fairness
+across teams (`fairness`): the min, p10 and median of "held while queued", and Jain's index
+(sum x)^2 / (n sum x^2) over x = min(1, held while queued): 1.0 when every team that
+wanted its guarantee had all of it, 1/n when one team alone had.
 Only finished jobs count in JCT and delay; rejected and unfinished ones are reported.
 """
 
@@ -52,7 +55,28 @@ class Report:
     held_while_queued: dict[str, float]
 
 
-def summarise(result: SimResult) -> Report:
+@dataclass(frozen=True)
+class Fairness:
+    min: float
+    p10: float
+    median: float
+    jain: float
+
+
+def fairness(held_while_queued: dict[str, float]) -> Fairness | None:
+    """How evenly the teams that had gangs queued were given their guarantees."""
+    xs = list(held_while_queued.values())
+    if not xs:
+        return None
+    capped = [min(1.0, x) for x in xs]
+    square = sum(x * x for x in capped)
+    jain = sum(capped) ** 2 / (len(capped) * square) if square else 0.0
+    return Fairness(min(xs), percentile(xs, 10), statistics.median(xs), jain)
+
+
+def summarise(result: SimResult, guarantees: dict[str, int] | None = None) -> Report:
+    """`guarantees`: team -> GPUs to measure "held while queued" against (default: the
+    cluster's quotas; give them for a run on the same nodes without quotas)."""
     recs = result.jobs
     done = [r for r in recs if r.finish is not None]
     jct = [r.finish - r.job.submit for r in done]
@@ -61,7 +85,8 @@ def summarise(result: SimResult) -> Report:
     makespan = max((r.finish for r in done), default=start) - start
     gpus = result.cluster.gpus
     held = sum(result.gpu_s_by_team.values())
-    guarantees = {q.team: q.gpus for q in result.cluster.quotas}
+    if guarantees is None:
+        guarantees = {q.team: q.gpus for q in result.cluster.quotas}
     teams = sorted(set(result.gpu_s_by_team) | set(guarantees))
     share = {
         t: (

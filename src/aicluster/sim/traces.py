@@ -8,7 +8,10 @@ VC sizes in 8-GPU nodes, used as team guarantees) and `60_job.csv` (job_id, num_
 submit_time, iterations, model_name, duration, interval).
 
 Invariant: loaders return jobs sorted by (submit, job_id), submit times starting at the
-window's start (0 for the first job of the window), durations > 0, GPUs >= 1.
+window's start (0 for the first job of the window), durations > 0, GPUs >= 1. Job ids are
+zero-padded row numbers ("p0000042"), so that ties in submit time (broken by id, as the
+policies break them) follow the trace's row order rather than "p10" < "p9". Timestamps
+without a zone are read as UTC, so a replay never depends on the machine's time zone.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import csv
 import math
 import random
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 TINY_PHILLY_VCS = ("795a4c", "51b7ef", "925e2b", "23dbec")
@@ -40,6 +43,12 @@ class TraceJob:
         return self.gpus // per, per
 
 
+def _utc_seconds(text: str) -> float:
+    """Seconds since the epoch of an ISO timestamp, read as UTC when it names no zone."""
+    t = datetime.fromisoformat(text)
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
+
+
 def _sorted(jobs: list[TraceJob]) -> list[TraceJob]:
     jobs.sort(key=lambda j: (j.submit, j.job_id))
     return jobs
@@ -59,17 +68,17 @@ def load_philly(
     end: str = "2017-12-01",
 ) -> list[TraceJob]:
     """Jobs of philly.csv submitted in [start, end) by `teams` (all when None)."""
-    t0 = datetime.fromisoformat(start).timestamp()
+    t0 = _utc_seconds(start)
     jobs = []
     with open(path, newline="") as f:
         for i, row in enumerate(csv.DictReader(f)):
             ts = row["timestamp"]
             if not ts or not (start <= ts < end) or (teams and row["cluster"] not in teams):
                 continue
-            submit = datetime.fromisoformat(ts).timestamp() - t0
+            submit = _utc_seconds(ts) - t0
             jobs.append(
                 TraceJob(
-                    f"p{i}",
+                    f"p{i:07d}",
                     row["cluster"],
                     submit,
                     max(1.0, float(row["duration"])),
@@ -85,7 +94,7 @@ def load_60_job(path: str | Path, team: str = "team") -> list[TraceJob]:
         return _sorted(
             [
                 TraceJob(
-                    f"j{r['job_id']}",
+                    f"j{int(r['job_id']):03d}",
                     team,
                     float(r["submit_time"]),
                     max(1.0, float(r["duration"])),
@@ -122,7 +131,7 @@ def synthetic(
         duration = max(1.0, median_duration * math.exp(rng.gauss(0.0, sigma)))
         jobs.append(
             TraceJob(
-                f"s{i}",
+                f"s{i:06d}",
                 rng.choices(names, weights)[0],
                 round(t, 3),
                 round(duration, 1),

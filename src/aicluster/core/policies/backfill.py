@@ -34,6 +34,13 @@ def _end(g: GangRequest, start: float) -> float:
     return start + g.runtime_limit if g.runtime_limit is not None else INF
 
 
+def _outlives(g: GangRequest, start: float, time: float) -> bool:
+    """True unless `g`, started at `start`, surely ends by `time`: a gang without a limit
+    outlives every time, an infinite one included (INF > INF is False, so say it)."""
+    end = _end(g, start)
+    return end == INF or end > time
+
+
 class Reservation:
     """The shadow time and free capacity at that time for a pool's reserved gang."""
 
@@ -129,7 +136,7 @@ class BackfillPolicy:
                 continue
             refusal = self._try(c, g, reserved)
             if refusal is None:
-                if hold is not None and _end(g, clock) > hold.shadow()[0]:
+                if hold is not None and _outlives(g, clock, hold.shadow()[0]):
                     hold.shadow()[1] -= g.total.gpus
                 continue
             if not refusal.room:
@@ -154,7 +161,7 @@ class BackfillPolicy:
         if g.total.gpus >= refused:
             return True  # the quota refuses it now anyway
         time, spare = hold.shadow()
-        return _end(g, clock) > time and g.total.gpus > spare
+        return _outlives(g, clock, time) and g.total.gpus > spare
 
     @staticmethod
     def _reserve(c: Cycle, g: GangRequest, reserved: dict[str, Reservation]) -> None:

@@ -16,7 +16,10 @@ then least attained service (Tiresias-style discretised LAS over GPU-seconds run
 earlier attempts: a preempted long job yields to new work, without knowing durations),
 then arrival. No starvation: a gang waiting `starve_after_s` goes first and, if it
 still cannot start, nodes are held for it (nothing else starts on them) and, when it
-needs to borrow, its cohort lends to nobody else until it has started.
+needs to borrow, its cohort lends to nobody else until it has started. A starving gang
+beyond what is left of its team's guarantee tries to borrow at once, in its turn; if its
+quota refuses it, the team's later gangs in the pools where it has a quota wait behind
+it, so that smaller gangs of the same team cannot keep taking the guarantee it needs.
 
 Invariants: guarantee + borrowing limit is never exceeded; a gang within its team's
 guarantee is never kept out by borrowed work for longer than the preemption takes.
@@ -54,13 +57,29 @@ class FairPolicy:
         c = Cycle(snapshot, clock, self.memo)
         reclaimer = Reclaimer(c) if self.preemption else None
         deferred: dict[str, list[GangRequest]] = {}
+        closed: dict[tuple, str] = {}  # (cohort, pool) -> starving gang it lends to only
+        kept: dict[tuple, str] = {}  # (team, pool) -> starving gang its GPUs are kept for
         for g in sorted(snapshot.pending, key=lambda g: self.order_key(g, clock)):
+            ahead = next((kept[(g.team, p)] for p in c.pools_for(g) if (g.team, p) in kept), None)
+            if ahead is not None:
+                c.wait(
+                    g,
+                    f"queued behind {ahead} (team {g.team}'s GPUs are kept for it: it starves)",
+                    WaitKind.QUEUED_BEHIND,
+                )
+                continue
             pools = [p for p in c.pools_for(g) if c.book.within_guarantee(g.team, p, g.total)]
             if pools:
                 self._guaranteed(c, g, pools, reclaimer)
+            elif clock - g.submitted_at >= self.starve_after_s:
+                refusal = self._borrow(c, g, closed)
+                if refusal is not None and not refusal.room:  # its team's quota is in use
+                    for p in c.pools_for(g):
+                        if c.book.has_quota(g.team, p):
+                            kept[(g.team, p)] = g.workload_id
             else:
                 deferred.setdefault(g.team, []).append(g)
-        self._borrowing(c, deferred)
+        self._borrowing(c, deferred, closed)
         return c.decisions()
 
     def _guaranteed(self, c: Cycle, g: GangRequest, pools: list[str], reclaimer) -> None:
@@ -84,27 +103,33 @@ class FairPolicy:
                 return
         self._wait_starving(c, g, refusal)
 
-    def _borrowing(self, c: Cycle, deferred: dict[str, list[GangRequest]]) -> None:
+    def _borrowing(self, c: Cycle, deferred: dict[str, list[GangRequest]], closed) -> None:
         """Teams in turn, smallest weighted borrowed share first; each turn one gang."""
         clock = c.clock
         heap = [(c.book.share(t), self.order_key(q[0], clock), t) for t, q in deferred.items()]
         heap.sort()
         nxt = dict.fromkeys(deferred, 0)
-        closed: dict[tuple, str] = {}  # (cohort, pool) -> starving gang it lends to only
-        rule = lambda g, pool: self._borrow_rule(c, g, pool, closed)
         while heap:
             _, _, team = heappop(heap)
             g = deferred[team][nxt[team]]
             nxt[team] += 1
-            refusal = c.try_admit(g, rule)
-            never = refusal and (c.never_fits(g) or _beyond_ceiling(c, g))
-            if never:
-                c.never(g, never)
-            elif refusal is not None:
-                self._wait_starving(c, g, refusal, closed)
+            self._borrow(c, g, closed)
             if nxt[team] < len(deferred[team]):
                 nq = deferred[team][nxt[team]]
                 heappush(heap, (c.book.share(team), self.order_key(nq, clock), team))
+
+    def _borrow(self, c: Cycle, g: GangRequest, closed: dict) -> Refusal | None:
+        """Admit `g` borrowing above its team's guarantee, or record why it waits (the
+        Refusal; None when admitted or when it could never fit)."""
+        refusal = c.try_admit(g, lambda g, pool: self._borrow_rule(c, g, pool, closed))
+        if refusal is None:
+            return None
+        never = c.never_fits(g) or _beyond_ceiling(c, g)
+        if never:
+            c.never(g, never)
+            return None
+        self._wait_starving(c, g, refusal, closed)
+        return refusal
 
     @staticmethod
     def _borrow_rule(c: Cycle, g: GangRequest, pool: str, closed: dict) -> str | None:
