@@ -114,12 +114,18 @@ def test_unknown_catalog_names_are_named_with_their_line(tmp_path):
     assert found["hardware.network"].line == 7
 
 
-def test_incomplete_new_model_names_the_missing_field(tmp_path):
+def test_incomplete_new_model_names_every_missing_field_at_once(tmp_path):
     text = MINIMAL.replace("llama-3-8b", "mine") + "models:\n  mine:\n    layers: 4\n"
     with pytest.raises(PlanInputError) as info:
         resolve(load_plan_spec_text(text), load_catalog())
-    field, message = info.value.issues[0]
-    assert field.startswith("models.mine.") and message == "missing"
+    assert info.value.issues == [
+        (
+            "models.mine",
+            "incomplete model: missing models.mine.hidden_size, models.mine.attention_heads, "
+            "models.mine.vocab_size (a new model needs layers, hidden_size, attention_heads, "
+            "vocab_size)",
+        )
+    ]
 
 
 def test_overrides_and_explicit_architecture():

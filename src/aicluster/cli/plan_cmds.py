@@ -80,6 +80,7 @@ def load_plan(path: Path) -> tuple[PlanSpec, object]:
         for field, message in err.issues:
             loc = tuple(int(p) if p.isdigit() else p for p in field.split("."))
             issues.append(SpecIssue(field, message, _line_of(lines, loc)))
+        issues.sort(key=lambda i: i.line or 0)  # in the order of the file
         raise SpecError(str(path), issues) from None
 
 
@@ -113,6 +114,13 @@ def print_plan(d: dict) -> None:
             f"{p['code']}" + (f" ({p['workload']})" if p["workload"] else "") + f": {p['message']}"
         )
         con.print(line)
+    if d.get("warnings"):
+        con.print()
+        con.print(Text("Warnings (implausible inputs)", style="bold"))
+        for w in d["warnings"]:
+            line = Text("  warning ", style=SEVERITY_STYLE["warning"])
+            line.append(f"{w['field']}: {w['message']}")
+            con.print(line)
 
 
 def print_cluster_fit(fit: dict) -> None:

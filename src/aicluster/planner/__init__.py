@@ -5,7 +5,8 @@
 - `catalog/`: the shipped GPUs, node shapes, interconnects, storage and models (YAML
   package data, every figure with its source) and `load_catalog()`.
 - The arithmetic, pure and deterministic (no I/O): `inputs.resolve(spec, catalog)` turns
-  a plan spec and catalog data into requests; `plan.make_plan` sizes every workload
+  a plan spec and catalog data into requests, after the `checks` that need the catalog
+  (errors and warnings naming their fields); `plan.make_plan` sizes every workload
   (`memory`, `inference`, `training`, `network`, `storage`), builds the cluster
   (`cluster`, `power_cost`) and names the pitfalls (`pitfalls`); `inventory` answers the
   same questions against a live cluster's node list (plain dicts). Each formula is

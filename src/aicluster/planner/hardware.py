@@ -21,12 +21,14 @@ GB = 10**9
 
 
 class CatalogError(ValueError):
-    """A catalog entry is missing a figure or has a bad one. `field` is dotted."""
+    """A catalog entry is missing figures or has a bad one. `field` is dotted; `missing`
+    lists every required field the entry lacks (all of them, in one error)."""
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str, missing: tuple[str, ...] = ()):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        self.missing = missing
 
 
 @dataclass(frozen=True)
@@ -69,9 +71,9 @@ class NodeShape:
     name: str
     gpu: str  # catalog key of its GPU
     gpus: int
-    cpus: int
-    memory_gib: float
     power_w: float  # maximum system power
+    cpus: int | None = None  # descriptive only: the planner never reads it
+    memory_gib: float | None = None  # host memory; descriptive only
     nics: int = 1  # compute-fabric ports
     nvme_tb: float = 0.0
     nvme_read_gb_s: float = 3.0
@@ -130,6 +132,7 @@ class ModelShape:
     active_experts: int = 1
     tied_embeddings: bool = False
     max_context: int | None = None
+    sliding_window: int | None = None  # attention window (Mistral 7B v0.1: 4096); None: full
     params: float | None = None
     published_params: float | None = None
     sources: dict[str, str] = field(default_factory=dict)
@@ -148,6 +151,13 @@ class ModelShape:
             return self.intermediate_size
         return 4 * self.hidden_size
 
+    def splits_heads(self, tp: int) -> bool:
+        """Whether tensor parallelism `tp` splits the heads evenly, as vLLM and Megatron-LM
+        require: attention heads divisible by tp, and KV heads divisible by tp or (each
+        replicated on tp/kv ranks) dividing tp."""
+        kv = self.n_kv_heads
+        return self.attention_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+
 
 _RECORDS: dict[str, type] = {
     "gpus": Gpu,
@@ -159,10 +169,27 @@ _RECORDS: dict[str, type] = {
 SECTIONS = tuple(_RECORDS)
 
 
+def required_fields(section: str) -> tuple[str, ...]:
+    """The fields an entry of `section` must give (the rest have defaults)."""
+    return tuple(
+        f.name
+        for f in fields(_RECORDS[section])
+        if f.name not in ("key", "name") and f.default is MISSING and f.default_factory is MISSING
+    )
+
+
 def build_record(section: str, key: str, data: dict[str, Any]) -> Any:
-    """One record from its catalog dict; CatalogError names the missing/bad field."""
+    """One record from its catalog dict; CatalogError names the bad field, or every
+    missing one at once."""
     cls = _RECORDS[section]
     known = {f.name: f for f in fields(cls)}
+    missing = tuple(f for f in required_fields(section) if data.get(f) is None)
+    if missing:
+        raise CatalogError(
+            f"{section}.{key}",
+            f"missing {', '.join(missing)} (required: {', '.join(required_fields(section))})",
+            missing,
+        )
     kwargs: dict[str, Any] = {"key": key}
     for name, value in data.items():
         if name not in known or name == "key":
@@ -180,13 +207,7 @@ def build_record(section: str, key: str, data: dict[str, Any]) -> Any:
     try:
         record = cls(**kwargs)
     except TypeError as exc:
-        missing = [
-            f.name
-            for f in fields(cls)
-            if f.name not in kwargs and f.default is MISSING and f.default_factory is MISSING
-        ]
-        where = f"{section}.{key}.{missing[0]}" if missing else f"{section}.{key}"
-        raise CatalogError(where, "missing" if missing else str(exc)) from None
+        raise CatalogError(f"{section}.{key}", str(exc)) from None
     _check_positive(section, record)
     return record
 

@@ -26,6 +26,7 @@ from aicluster.planner.hardware import GIB, Gpu, ModelShape
 from aicluster.planner.memory import (
     active_weight_bytes,
     kv_bytes_per_token,
+    kv_tokens,
     param_counts,
     weight_bytes,
 )
@@ -98,10 +99,10 @@ class ServePlan:
 
 
 def _tp_candidates(m: ModelShape, gpus_per_node: int) -> list[int]:
-    """Powers of two up to a node that divide the heads (vLLM requires heads % tp == 0)."""
+    """Powers of two up to a node that split the heads evenly (`ModelShape.splits_heads`)."""
     out, tp = [], 1
     while tp <= max(1, gpus_per_node):
-        if m.attention_heads % tp == 0:
+        if m.splits_heads(tp):
             out.append(tp)
         tp *= 2
     return out or [1]
@@ -125,9 +126,10 @@ def weights_read_per_step(m: ModelShape, precision: str, batch: int) -> float:
 
 
 def forward_flops_per_token(m: ModelShape, context: float) -> float:
-    """2·N_active + 2·L·n_ctx·d_attn (Kaplan et al. 2020, Table 1)."""
+    """2·N_active + 2·L·n_ctx·d_attn (Kaplan et al. 2020, Table 1); with a sliding window
+    a token attends to at most the window."""
     n_active = param_counts(m).active
-    return 2 * n_active + 2 * m.layers * context * m.attention_heads * m.d_head
+    return 2 * n_active + 2 * m.layers * kv_tokens(m, context) * m.attention_heads * m.d_head
 
 
 def _tp_comm_s(m: ModelShape, gpu: Gpu, tp: int, tokens: float) -> float:
@@ -142,7 +144,7 @@ def _tp_comm_s(m: ModelShape, gpu: Gpu, tp: int, tokens: float) -> float:
 def decode_step_s(r: ServeRequest, a: Assumptions, tp: int, batch: int) -> float:
     """max(memory time, compute time) of one decode step + TP communication."""
     context = r.prompt_tokens + r.output_tokens / 2  # average context while decoding
-    kv = batch * context * kv_bytes_per_token(r.model, r.kv_precision)
+    kv = batch * kv_tokens(r.model, context) * kv_bytes_per_token(r.model, r.kv_precision)
     bytes_read = weights_read_per_step(r.model, r.precision, batch) + kv
     mem_s = bytes_read / (tp * r.gpu.memory_bandwidth_gb_s * 1e9 * a.bandwidth_efficiency)
     flops = batch * forward_flops_per_token(r.model, context)
@@ -188,8 +190,9 @@ def evaluate(r: ServeRequest, a: Assumptions, tp: int, pp: int) -> ServeOption:
     # K/V heads are split over tp ranks (replicated once tp exceeds kv_heads), layers over pp.
     kv_gpu_token = kv_bytes_per_token(m, r.kv_precision) / (min(tp, m.n_kv_heads) * pp)
     kv_capacity = max(0.0, usable - w_gpu) / kv_gpu_token
-    seq_tokens = r.prompt_tokens + r.output_tokens
-    fits = kv_capacity >= r.context_length and w_gpu < usable
+    # KV tokens a sequence keeps (at most the sliding window): the longest, and a typical one
+    seq_tokens = kv_tokens(m, r.prompt_tokens + r.output_tokens)
+    fits = kv_capacity >= kv_tokens(m, r.context_length) and w_gpu < usable
     max_batch = int(min(kv_capacity // max(1, seq_tokens), a.max_num_seqs)) if fits else 0
     batch = _largest_batch(r, a, tp, max_batch)
     latency_batch = max(1, batch)
@@ -270,7 +273,7 @@ def plan_serving(r: ServeRequest, a: Assumptions, max_pp: int = 16) -> ServePlan
         active_params=counts.active,
         weight_bytes=weight_bytes(m, r.precision),
         kv_bytes_per_token=kv_tok,
-        kv_bytes_per_sequence=kv_tok * r.context_length,
+        kv_bytes_per_sequence=kv_tok * kv_tokens(m, r.context_length),
         chosen=chosen,
         options=tuple(options),
         notes=tuple(notes),

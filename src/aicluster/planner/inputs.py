@@ -2,7 +2,10 @@
 
 Invariant: `resolve` either returns complete, typed inputs or raises PlanInputError
 listing every problem with the spec field it comes from (`serve.0.model`,
-`hardware.node`, `models.my-model.layers`); it does no I/O.
+`hardware.node`, `models.my-model`); it does no I/O. Inline nodes and GPUs (a mapping
+where a name is accepted) join the catalog under keys of their own (`custom`,
+`custom-<workload>`, `<node>-gpu`) and their errors name the inline field. The checks that
+need the catalog (`checks`) run here; their warnings travel in `PlanInputs.warnings`.
 """
 
 from __future__ import annotations
@@ -10,6 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from aicluster.planner.assumptions import Assumptions
+from aicluster.planner.checks import (
+    constraint_findings,
+    model_findings,
+    serve_findings,
+    train_findings,
+)
 from aicluster.planner.hardware import (
     Catalog,
     CatalogError,
@@ -18,9 +27,16 @@ from aicluster.planner.hardware import (
     ModelShape,
     NodeShape,
     Storage,
+    required_fields,
 )
 from aicluster.planner.inference import ServeRequest
-from aicluster.planner.spec import PlanSpec, ServeWorkload, TrainWorkload
+from aicluster.planner.spec import (
+    GpuOverride,
+    NodeOverride,
+    PlanSpec,
+    ServeWorkload,
+    TrainWorkload,
+)
 from aicluster.planner.training import TrainRequest
 
 DEFAULT_BATCH_TOKENS = {"full": 4 * 2**20, "lora": 2**18, "qlora": 2**18}
@@ -29,6 +45,7 @@ NETWORK_KINDS = ("ethernet", "infiniband")
 
 class PlanInputError(ValueError):
     def __init__(self, issues: list[tuple[str, str]]):
+        issues = list(dict.fromkeys(issues))  # one workload's problem may be found twice
         super().__init__("; ".join(f"{f}: {m}" for f, m in issues))
         self.issues = issues
 
@@ -46,29 +63,11 @@ class PlanInputs:
     train: tuple[TrainRequest, ...]
     node_of: dict[str, NodeShape] = field(default_factory=dict)  # workload name -> node shape
     catalog: Catalog | None = None
+    warnings: tuple[tuple[str, str], ...] = ()  # (spec field, message): implausible inputs
 
     def node_network_gb_s(self, node: NodeShape) -> float:
         """All compute NICs of one node together, per direction, GB/s."""
         return (self.nics_per_node or node.nics) * self.network.gb_s
-
-
-def _overrides(spec: PlanSpec) -> dict[str, dict[str, dict]]:
-    hw = spec.hardware
-    dump = lambda d: {k: v.model_dump(exclude_none=True) for k, v in d.items()}
-    return {
-        "gpus": dump(hw.gpus),
-        "nodes": dump(hw.nodes),
-        "interconnects": dump(hw.interconnects),
-        "storage": dump(hw.storage),
-        "models": dump(spec.models),
-    }
-
-
-def _spec_field(err: CatalogError, section_paths: dict[str, str]) -> str:
-    """Map a catalog field (`gpus.x.memory_gib`) to where the spec sets it."""
-    section, _, rest = err.field.partition(".")
-    prefix = section_paths.get(section, section)
-    return f"{prefix}.{rest}" if rest else prefix
 
 
 _SECTION_PATHS = {
@@ -77,6 +76,25 @@ _SECTION_PATHS = {
     "interconnects": "hardware.interconnects",
     "storage": "hardware.storage",
     "models": "models",
+}
+_KIND = {
+    "gpus": "GPU",
+    "nodes": "node",
+    "interconnects": "interconnect",
+    "storage": "storage",
+    "models": "model",
+}
+# How to declare what the catalog lacks, per section.
+_DECLARE = {
+    "gpus": "declare it inline (gpu: {{memory_gib: 80, memory_bandwidth_gb_s: 2039, "
+    "bf16_tflops: 312, tdp_w: 300}}) or under hardware.gpus.{key} with memory_gib, "
+    "memory_bandwidth_gb_s, bf16_tflops and tdp_w",
+    "nodes": "declare it inline (node: {{gpu: <a GPU>, gpus: 8, power_w: 6000}}) or under "
+    "hardware.nodes.{key} with gpu, gpus and power_w",
+    "interconnects": "declare it under hardware.interconnects.{key} with kind and gbit_s",
+    "storage": "declare it under hardware.storage.{key} with read_gb_s and write_gb_s",
+    "models": "give its shape under models.{key} (layers, hidden_size, attention_heads, "
+    "vocab_size) or use architecture instead of model",
 }
 
 
@@ -87,39 +105,127 @@ def _assumptions(spec: PlanSpec) -> Assumptions:
 
 
 class _Resolver:
+    """The catalog with the spec's entries merged in (inline nodes and GPUs get keys of
+    their own), and every problem found, each with the spec field it comes from."""
+
     def __init__(self, spec: PlanSpec, catalog: Catalog):
         self.spec = spec
-        self.catalog = catalog.with_overrides(_overrides(spec))
+        self.base = catalog
         self.issues: list[tuple[str, str]] = []
+        self.warnings: list[tuple[str, str]] = []
+        self.paths: dict[tuple[str, str], str] = {}  # (section, key) -> where the spec gives it
+        self.overrides: dict[str, dict[str, dict]] = {s: {} for s in _SECTION_PATHS}
+        hw = spec.hardware
+        for section, entries in (
+            ("gpus", hw.gpus),
+            ("interconnects", hw.interconnects),
+            ("storage", hw.storage),
+            ("models", spec.models),
+        ):
+            for key, entry in entries.items():
+                self.overrides[section][key] = entry.model_dump(exclude_none=True)
+                self.paths[(section, key)] = f"{_SECTION_PATHS[section]}.{key}"
+        for key, node in hw.nodes.items():
+            self._add_node(key, node, f"hardware.nodes.{key}")
+        self.default_node = self._node_key(hw.node, "hardware.node", "custom")
+        self.node_keys: dict[str, str] = {}
+        for group, workloads in (("serve", spec.serve), ("train", spec.train)):
+            for i, w in enumerate(workloads):
+                self.node_keys[w.name] = (
+                    self._node_key(w.node, f"{group}.{i}.node", f"custom-{w.name}")
+                    if w.node is not None
+                    else self.default_node
+                )
+        self.catalog = catalog.with_overrides(self.overrides)
+
+    def _fresh(self, section: str, key: str) -> str:
+        """A key for an inline entry that no catalog or spec entry uses."""
+        taken = lambda k: self.base.has(section, k) or k in self.overrides[section]
+        out, n = key, 2
+        while taken(out):
+            out, n = f"{key}-{n}", n + 1
+        return out
+
+    def _add_node(self, key: str, node: NodeOverride, path: str) -> None:
+        data = node.model_dump(exclude_none=True, exclude={"gpu"})
+        if isinstance(node.gpu, GpuOverride):
+            gkey = self._fresh("gpus", f"{key}-gpu")
+            self.overrides["gpus"][gkey] = node.gpu.model_dump(exclude_none=True)
+            self.paths[("gpus", gkey)] = f"{path}.gpu"
+            data["gpu"] = gkey
+        elif node.gpu is not None:
+            data["gpu"] = node.gpu
+        self.overrides["nodes"][key] = data
+        self.paths[("nodes", key)] = path
+
+    def _node_key(self, ref: str | NodeOverride, path: str, key: str) -> str:
+        """The catalog key of a node reference; an inline node is added under a new key."""
+        if isinstance(ref, str):
+            return ref
+        key = self._fresh("nodes", key)
+        if ref.name is None and ref.gpus and ref.gpu is not None:
+            gpu = ref.gpu if isinstance(ref.gpu, str) else (ref.gpu.name or "custom GPU")
+            ref = ref.model_copy(update={"name": f"custom node ({ref.gpus} x {gpu})"})
+        self._add_node(key, ref, path)
+        return key
+
+    def _where(self, section: str, key: str) -> str:
+        return self.paths.get((section, key), f"{_SECTION_PATHS[section]}.{key}")
 
     def get(self, section: str, key: str, where: str):
         try:
             return self.catalog.get(section, key)
         except CatalogError as err:
-            if err.field == f"{section}.{key}":
-                self.issues.append(
-                    (
-                        where,
-                        f"unknown {section[:-1] if section != 'storage' else 'storage'} {key!r}; known: {', '.join(self.catalog.names(section))}",
+            kind = _KIND[section]
+            if not self.catalog.has(section, key):
+                known = ", ".join(self.catalog.names(section))
+                hint = _DECLARE[section].format(key=key)
+                if section == "nodes" and self.catalog.has("gpus", key):
+                    hint = (
+                        f"{key!r} is a GPU: give a node with it inline (node: {{gpu: {key}, "
+                        f"gpus: 8, power_w: 6000}}) or under hardware.nodes.<name> with gpu, "
+                        "gpus and power_w"
                     )
-                )
+                self.issues.append((where, f"unknown {kind} {key!r}; {hint}; known: {known}"))
+                return None
+            entry = self._where(section, key)
+            field = entry + err.field[len(f"{section}.{key}") :]
+            if err.missing:
+                paths = ", ".join(f"{entry}.{m}" for m in err.missing)
+                need = ", ".join(required_fields(section))
+                message = f"incomplete {kind}: missing {paths} (a new {kind} needs {need})"
             else:
-                self.issues.append((_spec_field(err, _SECTION_PATHS), err.message))
+                message = err.message
+            self.issues.append((field, message))
             return None
 
-    def model(self, w: ServeWorkload | TrainWorkload, where: str) -> ModelShape | None:
+    def model(self, w: ServeWorkload | TrainWorkload, where: str) -> tuple[ModelShape, str] | None:
+        """The model and the spec path of its shape (for messages about its fields)."""
         if w.architecture is not None:
             data = w.architecture.model_dump(exclude_none=True)
-            return ModelShape(key=w.name, name=f"{w.name} (architecture)", **data)
-        return self.get("models", w.model or "", f"{where}.model")
+            m = ModelShape(key=w.name, name=f"{w.name} (architecture)", **data)
+            return m, f"{where}.architecture"
+        key = w.model or ""
+        m = self.get("models", key, f"{where}.model")
+        return (m, self._where("models", key)) if m is not None else None
 
     def node(self, w: ServeWorkload | TrainWorkload, where: str) -> tuple[NodeShape, Gpu] | None:
-        key = w.node or self.spec.hardware.node
-        node = self.get("nodes", key, f"{where}.node" if w.node else "hardware.node")
-        if node is None:
+        key = self.node_keys[w.name]
+        ref = f"{where}.node" if w.node is not None else "hardware.node"
+        node = self.get("nodes", key, ref)
+        gkey = node.gpu if node else self.catalog.entries.get("nodes", {}).get(key, {}).get("gpu")
+        if not isinstance(gkey, str):
             return None
-        gpu = self.get("gpus", node.gpu, f"hardware.nodes.{key}.gpu")
-        return (node, gpu) if gpu else None
+        # the GPU is checked even when its node is incomplete: every problem in one run
+        gpu = self.get("gpus", gkey, f"{self._where('nodes', key)}.gpu")
+        return (node, gpu) if node and gpu else None
+
+    def check(self, found: tuple[list, list]) -> bool:
+        """Record errors and warnings; True when there were no errors."""
+        errors, warnings = found
+        self.issues.extend(errors)
+        self.warnings.extend(warnings)
+        return not errors
 
 
 def resolve(spec: PlanSpec, catalog: Catalog) -> PlanInputs:
@@ -135,22 +241,29 @@ def resolve(spec: PlanSpec, catalog: Catalog) -> PlanInputs:
         )
     storage = r.get("storage", hw.shared_storage, "hardware.shared_storage")
     a = _assumptions(spec)
+    r.warnings.extend(constraint_findings(spec))
     node_of: dict[str, NodeShape] = {}
     serve, train = [], []
     for i, w in enumerate(spec.serve):
         where = f"serve.{i}"
-        model, placed = r.model(w, where), r.node(w, where)
-        if model is None or placed is None:
+        found, placed = r.model(w, where), r.node(w, where)
+        if found is None or placed is None:
             continue
-        node, gpu = placed
+        (model, model_where), (node, gpu) = found, placed
+        ok = r.check(model_findings(model, model_where))
+        if not r.check(serve_findings(w, where, model, node, model_where)) or not ok:
+            continue
         node_of[w.name] = node
         serve.append(_serve_request(w, model, gpu, node))
     for i, w in enumerate(spec.train):
         where = f"train.{i}"
-        model, placed = r.model(w, where), r.node(w, where)
-        if model is None or placed is None or network is None:
+        found, placed = r.model(w, where), r.node(w, where)
+        if found is None or placed is None or network is None:
             continue
-        node, gpu = placed
+        (model, model_where), (node, gpu) = found, placed
+        ok = r.check(model_findings(model, model_where))
+        if not r.check(train_findings(w, where, model, node, model_where)) or not ok:
+            continue
         node_of[w.name] = node
         nic_gb_s = (hw.nics_per_node or node.nics) * network.gb_s
         train.append(_train_request(w, model, gpu, node, nic_gb_s))
@@ -169,11 +282,12 @@ def resolve(spec: PlanSpec, catalog: Catalog) -> PlanInputs:
         train=tuple(train),
         node_of=node_of,
         catalog=r.catalog,
+        warnings=tuple(dict.fromkeys(r.warnings)),
     )
 
 
 def _serve_request(w: ServeWorkload, model: ModelShape, gpu: Gpu, node: NodeShape) -> ServeRequest:
-    kv = w.kv_precision or ("fp8" if w.precision == "fp8" else "bf16")
+    kv = w.kv_dtype
     return ServeRequest(
         name=w.name,
         model=model,

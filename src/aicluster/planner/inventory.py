@@ -125,20 +125,22 @@ def _fit_train(inputs: PlanInputs, r, kinds: dict[str, list[InvNode]]) -> dict:
             replace(r, gpu=group[0].gpu, gpus_per_node=per_node, gpus=n),
             inputs.assumptions,
         )
-        cand = (tp.fits, -tp.seconds, key, tp)
+        cand = (tp.fits, -tp.seconds if tp.fits else 0.0, key, tp)
         if best is None or cand[:2] > best[:2]:
             best = cand
     if best is None:
         return {"name": r.name, "fits": False, "reason": "no free GPUs"}
     ok, _, key, tp = best
     lay = tp.layout
-    return {
+    out = {
         "name": r.name,
         "fits": ok,
         "gpu": kinds[key][0].gpu.name,
         "gpus": tp.gpus,
         "strategy": lay.strategy if lay else None,
-        "days": tp.seconds / 86400,
         "network_bound": tp.network_bound,
         "reason": None if ok else "does not fit in the free GPUs' memory",
     }
+    if ok:  # no duration for a run that does not fit
+        out["days"] = tp.seconds / 86400
+    return out

@@ -149,6 +149,20 @@ def kv_bytes_per_token(m: ModelShape, kv_precision: str = "bf16") -> float:
     return 2 * m.layers * m.n_kv_heads * m.d_head * bytes_per_param(kv_precision)
 
 
+def kv_tokens(m: ModelShape, context: float) -> float:
+    """Tokens whose K/V one sequence of `context` tokens keeps: all of them, or at most the
+    attention window. Sliding-window attention (Mistral 7B, arXiv:2310.06825 Sec. 2, "rolling
+    buffer cache") attends to the last W tokens only, so the cache never holds more than W
+    per layer. Every layer is assumed to use the window (true of Mistral 7B v0.1)."""
+    return min(context, m.sliding_window) if m.sliding_window else context
+
+
+def kv_bytes_per_sequence(m: ModelShape, context: float, kv_precision: str = "bf16") -> float:
+    """KV cache bytes of one sequence: bytes per token x kv_tokens(context).
+    Mistral 7B, fp16, 32k context, 4096 window: 131,072 B x 4096 = 512 MiB (not 4 GiB)."""
+    return kv_bytes_per_token(m, kv_precision) * kv_tokens(m, context)
+
+
 # --- training ----------------------------------------------------------------------
 
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
@@ -230,8 +244,8 @@ def activation_bytes(
     """
     s, b, h, a, L = seq, micro_batch, m.hidden_size, m.attention_heads, m.layers
     sbh = s * b * h
-    if checkpointing == "none":
-        per_layer = sbh * (34 + 5 * a * s / h)
+    if checkpointing == "none":  # scores are s x min(s, window) with sliding-window attention
+        per_layer = sbh * (34 + 5 * a * kv_tokens(m, s) / h)
         layers = L * per_layer
     elif checkpointing == "full":
         layers = L * 2 * sbh + 34 * sbh

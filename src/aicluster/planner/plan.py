@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from aicluster.planner.checks import batch_finding
 from aicluster.planner.cluster import (
     Fabric,
     Pool,
@@ -63,6 +64,7 @@ class Plan:
     topology: str
     power_cost: PowerCost
     pitfalls: tuple[Pitfall, ...]
+    warnings: tuple[tuple[str, str], ...] = ()  # (spec field, message): implausible inputs
 
 
 def _serve(inputs: PlanInputs) -> list[ServeResult]:
@@ -92,7 +94,7 @@ def _train(inputs: PlanInputs) -> list[TrainResult]:
         tp = plan_training(req, inputs.assumptions)
         write_s = checkpoint_write_s(tp.checkpoint_bytes, inputs.storage.write_gb_s)
         curve = time_vs_nodes(req, inputs.assumptions, max(4, 2 * tp.nodes))
-        energy = run_energy_usd(node, tp.nodes, tp.seconds, inputs.assumptions)
+        energy = run_energy_usd(node, tp.nodes, tp.seconds, inputs.assumptions) if tp.fits else 0.0
         out.append(TrainResult(tp, node, write_s, energy, tuple(curve)))
     return out
 
@@ -155,7 +157,24 @@ def make_plan(inputs: PlanInputs) -> Plan:
         topology(pools),
         pc,
         tuple(pitfalls),
+        inputs.warnings + tuple(_batch_warnings(inputs, train)),
     )
+
+
+def _batch_warnings(inputs: PlanInputs, train: list[TrainResult]) -> list[tuple[str, str]]:
+    """Global batches with fewer sequences than the chosen layout has data-parallel ranks.
+    (`resolve` refuses a plan with any bad workload, so `train[i]` is the spec's `train.i`.)"""
+    out = []
+    for i, t in enumerate(train):
+        r, lay = t.plan.request, t.plan.layout
+        if lay is None:
+            continue
+        found = batch_finding(
+            f"train.{i}", r.global_batch_tokens, r.sequence_length, r.micro_batch, lay.dp, lay.gpus
+        )
+        if found:
+            out.append(found)
+    return out
 
 
 def _pitfalls(inputs, serve, train, pools, fab, pc, total_nodes) -> list[Pitfall]:
@@ -224,10 +243,12 @@ def _pitfalls(inputs, serve, train, pools, fab, pc, total_nodes) -> list[Pitfall
                 Pitfall(
                     "does_not_fit",
                     "error",
-                    f"no layout fits {tp.request.model.name} on {tp.gpus} x {tp.request.gpu.name}",
+                    f"no layout fits {tp.request.model.name} in the memory of {tp.gpus} x "
+                    f"{tp.request.gpu.name}; no training time is given",
                     name,
                 )
             )
+            continue
         have = inputs.node_network_gb_s(t.node) * 8
         p = network_pitfall(name, tp.step_comm_s, tp.step_compute_s, tp.break_even_gbit_s, have)
         if p:
@@ -337,7 +358,10 @@ def _serve_dict(s: ServeResult) -> dict:
         "gpu": r.gpu.name,
         "node": s.node.key,
         "precision": r.precision,
-        "kv_precision": r.kv_precision,
+        "kv_cache_dtype": r.kv_precision,
+        "kv_precision": r.kv_precision,  # older name of kv_cache_dtype
+        "sliding_window": r.model.sliding_window,
+        "max_context": r.model.max_context,
         "params": sp.params,
         "active_params": sp.active_params,
         "weight_bytes": sp.weight_bytes,
@@ -410,12 +434,13 @@ def _train_dict(t: TrainResult) -> dict:
         "comm_bytes_per_node_per_step": tp.comm_bytes_per_node,
         "network_bound": tp.network_bound,
         "break_even_gbit_s_per_node": tp.break_even_gbit_s,
-        "seconds": tp.seconds,
-        "days": tp.seconds / 86400,
-        "compute_bound_seconds": tp.compute_bound_seconds,
+        # no duration for a run that does not fit: it would be a number with no meaning
+        "seconds": tp.seconds if tp.fits else None,
+        "days": tp.seconds / 86400 if tp.fits else None,
+        "compute_bound_seconds": tp.compute_bound_seconds if tp.fits else None,
         "checkpoint_bytes": tp.checkpoint_bytes,
         "checkpoint_write_s": t.checkpoint_write_s,
-        "energy_usd": t.energy_usd,
+        "energy_usd": t.energy_usd if tp.fits else None,
         "time_vs_nodes": [{"nodes": n, "days": d} for n, d in t.time_vs_nodes],
         "notes": list(tp.notes),
     }
@@ -475,5 +500,6 @@ def plan_to_dict(plan: Plan) -> dict:
             "budget_usd": inp.budget_usd,
         },
         "pitfalls": [p.as_dict() for p in plan.pitfalls],
+        "warnings": [{"field": f, "message": m} for f, m in plan.warnings],
         "assumptions": inp.assumptions.as_dict(),
     }

@@ -104,7 +104,7 @@ def train_rows(d: dict) -> list[dict]:
                 "GPUs": f"{t['gpus']} ({t['nodes']} nodes)",
                 "layout": layout,
                 "mem/GPU": f"{gb(mem)} of {gb(lay.get('gpu_memory_bytes'))}" if lay else "-",
-                "time": duration(t["seconds"]),
+                "time": duration(t["seconds"]) if t["seconds"] is not None else "does not fit",
                 "comm/compute": f"{t['step_comm_s'] / t['step_compute_s']:.0%}"
                 if t["nodes"] > 1
                 else "-",
@@ -298,7 +298,7 @@ def charts(d: dict) -> list[str]:
             )
         )
     for t in d["train"]:
-        pts = [(p["nodes"], p["days"]) for p in t["time_vs_nodes"]]
+        pts = [(p["nodes"], p["days"]) for p in t["time_vs_nodes"] if p["days"] is not None]
         out.append(line_svg(f"{t['name']}: training time against nodes", pts, "nodes", "days"))
     t = d["totals"]
     out.append(
@@ -355,6 +355,9 @@ def markdown(d: dict, with_charts: bool = True) -> str:
         + f": {p['message']}"
         for p in d["pitfalls"]
     ] or ["- none found"]
+    if d.get("warnings"):
+        out += ["", "## Warnings (implausible inputs)", ""]
+        out += [f"- `{w['field']}`: {w['message']}" for w in d["warnings"]]
     out += ["", "## Assumptions", ""] + [f"- `{k}` = {v}" for k, v in d["assumptions"].items()]
     out += ["", "## Sources", ""] + [f"- {k}: {v}" for k, v in _sources(d)]
     out += [
@@ -411,7 +414,15 @@ def html_report(d: dict) -> str:
         parts.append(
             f"<li class='{e(p['severity'])}'><b>{e(p['severity'])}</b> <code>{e(p['code'])}</code>{who}: {e(p['message'])}</li>"
         )
-    parts.append("</ul><h2>Charts</h2>")
+    parts.append("</ul>")
+    if d.get("warnings"):
+        parts.append("<h2>Warnings (implausible inputs)</h2><ul>")
+        parts += [
+            f"<li class='warning'><code>{e(w['field'])}</code>: {e(w['message'])}</li>"
+            for w in d["warnings"]
+        ]
+        parts.append("</ul>")
+    parts.append("<h2>Charts</h2>")
     parts += charts(d)
     parts.append("<h2>Assumptions</h2><ul>")
     parts += [f"<li><code>{e(k)}</code> = {e(str(v))}</li>" for k, v in d["assumptions"].items()]

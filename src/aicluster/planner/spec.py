@@ -8,6 +8,10 @@ the budget and every planning assumption (see `aicluster.planner.assumptions`).
 
 Counts such as `tokens` accept plain numbers or a suffix: `2T`, `300B`, `50M`, `1.5e12`.
 A model is either a catalog name (`model: llama-3-8b`) or an explicit `architecture`.
+A node is either a catalog name (`node: dgx-h100`) or an inline node
+(`node: {gpu: a100-80gb-pcie, gpus: 4, power_w: 3000}`); a node's `gpu` is likewise a catalog
+name or an inline GPU. Checks that need the catalog (a model's `max_context`, head counts
+against `tensor_parallel`, defaults named in messages) are in `aicluster.planner.checks`.
 
 Loading: `load_plan_spec(path)` / `load_plan_spec_text(text)` read a plan with the
 `spec` layer's `SpecLoader` (same strictness, same field-and-line errors). Plans are not
@@ -21,10 +25,11 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Discriminator, Field, Tag, model_validator
 
-from aicluster.specs.job import _NAME, Strict
+from aicluster.specs.job import Strict
 from aicluster.specs.loader import SpecLoader
+from aicluster.specs.names import NAME_HELP, NAME_PATTERN, check_name
 
 _SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
@@ -47,9 +52,20 @@ def parse_count(value: object) -> float:
     return number
 
 
+def _name(value: str) -> str:
+    return check_name(value, "name")
+
+
+# The pattern stays in the JSON Schema; a bad name is explained in words, not as a regex.
+Name = Annotated[
+    str,
+    AfterValidator(_name),
+    Field(description=NAME_HELP, json_schema_extra={"pattern": NAME_PATTERN, "maxLength": 63}),
+]
 Count = Annotated[float, BeforeValidator(parse_count)]
 Precision = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
 KvPrecision = Literal["fp32", "bf16", "fp16", "fp8"]
+KvCacheDtype = Literal["fp16", "bf16", "fp8", "int8"]
 PosInt = Annotated[int, Field(ge=1, strict=True)]
 PosFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
@@ -70,6 +86,9 @@ class Architecture(Strict):
     active_experts: PosInt = 1
     tied_embeddings: bool = False
     max_context: PosInt | None = None
+    sliding_window: PosInt | None = Field(
+        default=None, description="attention window (tokens); bounds the KV cache per sequence"
+    )
     params: Count | None = Field(default=None, description="total; computed when omitted")
 
     @model_validator(mode="after")
@@ -99,15 +118,89 @@ class ModelOverride(Strict):
     active_experts: PosInt | None = None
     tied_embeddings: bool | None = None
     max_context: PosInt | None = None
+    sliding_window: PosInt | None = None
     params: Count | None = None
     sources: dict[str, str] | None = None
 
 
+class GpuOverride(Strict):
+    """Change figures of a catalog GPU, or add one (then memory_gib, memory_bandwidth_gb_s,
+    bf16_tflops and tdp_w are required)."""
+
+    name: str | None = None
+    aliases: list[str] | None = None
+    memory_gib: PosFloat | None = None
+    memory_bandwidth_gb_s: PosFloat | None = None
+    bf16_tflops: PosFloat | None = None
+    fp8_tflops: PosFloat | None = None
+    int8_tops: PosFloat | None = None
+    fp32_tflops: PosFloat | None = None
+    tdp_w: PosFloat | None = None
+    nvlink_gb_s: PosFloat | None = None
+    pcie_gb_s: PosFloat | None = None
+    price_usd: Annotated[float, Field(ge=0)] | None = None
+    sources: dict[str, str] | None = None
+
+
+def _ref_kind(value: object) -> str | None:
+    """A catalog name (text) or an inline entry (a mapping); None: neither (one clear error).
+
+    The tags look like pydantic's own union tags so the spec loader leaves them out of
+    error locations (`hardware.node.gpus`, not `hardware.node.<tag>.gpus`)."""
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, (dict, Strict)):
+        return "dict[str,any]"
+    return None
+
+
+GpuRef = Annotated[
+    Annotated[str, Tag("str")] | Annotated[GpuOverride, Tag("dict[str,any]")],
+    Discriminator(
+        _ref_kind,
+        custom_error_type="gpu_ref",
+        custom_error_message="expected a catalog GPU name or an inline GPU "
+        "{memory_gib, memory_bandwidth_gb_s, bf16_tflops, tdp_w}",
+    ),
+]
+
+
+class NodeOverride(Strict):
+    """Change figures of a catalog node shape, or add one (then gpu, gpus and power_w are
+    required). `gpu` is a catalog GPU name or an inline GPU."""
+
+    name: str | None = None
+    gpu: GpuRef | None = None
+    gpus: PosInt | None = None
+    cpus: PosInt | None = None
+    memory_gib: PosFloat | None = None
+    power_w: PosFloat | None = None
+    nics: PosInt | None = None
+    nvme_tb: Annotated[float, Field(ge=0)] | None = None
+    nvme_read_gb_s: PosFloat | None = None
+    price_usd: Annotated[float, Field(ge=0)] | None = None
+    base_price_usd: Annotated[float, Field(ge=0)] | None = None
+    rack_units: PosInt | None = None
+    sources: dict[str, str] | None = None
+
+
+NodeRef = Annotated[
+    Annotated[str, Tag("str")] | Annotated[NodeOverride, Tag("dict[str,any]")],
+    Discriminator(
+        _ref_kind,
+        custom_error_type="node_ref",
+        custom_error_message="expected a catalog node name or an inline node {gpu, gpus, power_w}",
+    ),
+]
+
+
 class _Workload(Strict):
-    name: str = Field(pattern=_NAME, description="lowercase letters, digits and '-'")
+    name: Name
     model: str | None = Field(default=None, description="catalog model name, e.g. llama-3-8b")
     architecture: Architecture | None = None
-    node: str | None = Field(default=None, description="node shape; default hardware.node")
+    node: NodeRef | None = Field(
+        default=None, description="node shape (a name or an inline node); default hardware.node"
+    )
 
     @model_validator(mode="after")
     def _one_model(self):
@@ -118,10 +211,15 @@ class _Workload(Strict):
 
 class ServeWorkload(_Workload):
     precision: Precision = "bf16"
-    kv_precision: KvPrecision | None = Field(
-        default=None, description="default: bf16 (fp8 with fp8)"
+    kv_cache_dtype: KvCacheDtype | None = Field(
+        default=None, description="KV cache element type; default bf16 (fp8 with fp8 weights)"
     )
-    context_length: PosInt | None = Field(default=None, description="default prompt+output")
+    kv_precision: KvPrecision | None = Field(
+        default=None, description="older name of kv_cache_dtype (also takes fp32)"
+    )
+    context_length: PosInt | None = Field(
+        default=None, description="longest sequence served; default prompt+output"
+    )
     prompt_tokens: PosInt = 1000
     output_tokens: PosInt = 250
     requests_per_second: PosFloat | None = None
@@ -136,9 +234,18 @@ class ServeWorkload(_Workload):
     def _demand(self) -> ServeWorkload:
         if self.requests_per_second is not None and self.concurrent_users is not None:
             raise ValueError("give requests_per_second or concurrent_users, not both")
-        if self.context_length and self.context_length < self.prompt_tokens + self.output_tokens:
-            raise ValueError("context_length must be at least prompt_tokens + output_tokens")
+        if self.kv_cache_dtype is not None and self.kv_precision is not None:
+            raise ValueError("give kv_cache_dtype or kv_precision (its older name), not both")
         return self
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV cache element type used: given, else bf16 (fp8 with fp8 weights)."""
+        return (
+            self.kv_cache_dtype
+            or self.kv_precision
+            or ("fp8" if self.precision == "fp8" else "bf16")
+        )
 
 
 class TrainWorkload(_Workload):
@@ -168,38 +275,6 @@ class TrainWorkload(_Workload):
         return self
 
 
-class GpuOverride(Strict):
-    name: str | None = None
-    aliases: list[str] | None = None
-    memory_gib: PosFloat | None = None
-    memory_bandwidth_gb_s: PosFloat | None = None
-    bf16_tflops: PosFloat | None = None
-    fp8_tflops: PosFloat | None = None
-    int8_tops: PosFloat | None = None
-    fp32_tflops: PosFloat | None = None
-    tdp_w: PosFloat | None = None
-    nvlink_gb_s: PosFloat | None = None
-    pcie_gb_s: PosFloat | None = None
-    price_usd: Annotated[float, Field(ge=0)] | None = None
-    sources: dict[str, str] | None = None
-
-
-class NodeOverride(Strict):
-    name: str | None = None
-    gpu: str | None = None
-    gpus: PosInt | None = None
-    cpus: PosInt | None = None
-    memory_gib: PosFloat | None = None
-    power_w: PosFloat | None = None
-    nics: PosInt | None = None
-    nvme_tb: Annotated[float, Field(ge=0)] | None = None
-    nvme_read_gb_s: PosFloat | None = None
-    price_usd: Annotated[float, Field(ge=0)] | None = None
-    base_price_usd: Annotated[float, Field(ge=0)] | None = None
-    rack_units: PosInt | None = None
-    sources: dict[str, str] | None = None
-
-
 class InterconnectOverride(Strict):
     name: str | None = None
     kind: Literal["ethernet", "infiniband", "pcie", "nvlink"] | None = None
@@ -218,7 +293,9 @@ class StorageOverride(Strict):
 
 
 class Hardware(Strict):
-    node: str = Field(default="dgx-h100", description="default node shape (catalog nodes)")
+    node: NodeRef = Field(
+        default="dgx-h100", description="default node shape: a catalog name or an inline node"
+    )
     network: str = Field(default="infiniband-ndr", description="node-to-node network")
     shared_storage: str = Field(default="nfs-25gbe", description="catalog storage entry")
     nics_per_node: PosInt | None = Field(default=None, description="default: the node shape's")
@@ -247,7 +324,7 @@ class Constraints(Strict):
 
 class PlanSpec(Strict):
     kind: Literal["plan"] = "plan"
-    name: str = Field(pattern=_NAME, description="lowercase letters, digits and '-'")
+    name: Name
     description: str | None = None
     hardware: Hardware = Field(default_factory=Hardware)
     models: dict[str, ModelOverride] = Field(default_factory=dict)

@@ -138,7 +138,7 @@ def _layouts(r: TrainRequest, n: int) -> list[tuple[str, int, int]]:
     tps = (
         [r.tensor_parallel]
         if r.tensor_parallel
-        else [t for t in (1, 2, 4, 8) if t <= r.gpus_per_node and r.model.attention_heads % t == 0]
+        else [t for t in (1, 2, 4, 8) if t <= r.gpus_per_node and r.model.splits_heads(t)]
     )
     pps = [r.pipeline_parallel] if r.pipeline_parallel else [1, 2, 4, 8, 16]
     out = []
@@ -234,13 +234,16 @@ def plan_training(r: TrainRequest, a: Assumptions) -> TrainPlan:
     )
 
 
-def time_vs_nodes(r: TrainRequest, a: Assumptions, max_nodes: int) -> list[tuple[int, float]]:
-    """(nodes, days) for 1..max_nodes nodes, with the network bound included (for charts)."""
-    out = []
+def time_vs_nodes(
+    r: TrainRequest, a: Assumptions, max_nodes: int
+) -> list[tuple[int, float | None]]:
+    """(nodes, days) for 1..max_nodes nodes, with the network bound included (for charts);
+    days is None where no layout of that many GPUs fits in memory."""
+    out: list[tuple[int, float | None]] = []
     for nodes in range(1, max(1, max_nodes) + 1):
         n = nodes * r.gpus_per_node
         plan = plan_training(_with_gpus(r, n), a)
-        out.append((nodes, plan.seconds / 86400))
+        out.append((nodes, plan.seconds / 86400 if plan.fits else None))
     return out
 
 
