@@ -94,6 +94,36 @@ def test_join_adds_a_labelled_node(platform):
     assert joined["alive"] and joined["memory"] > 0
     table = run(home, "nodes").stdout
     assert "p2" in table and "rack=r1" in table
+    # Both machines have a stable id in their installation home, which names their node.
+    machine_ids = {}
+    for h in (home, worker_home):
+        path = h / "machine-id"
+        assert path.stat().st_mode & 0o777 == 0o600
+        machine_ids[h] = path.read_text().strip()
+    assert {n["machine_id"] for n in nodes} == set(machine_ids.values())
+    assert joined["machine_id"] == machine_ids[worker_home]
+    assert joined["name"].endswith("-" + machine_ids[worker_home][:6])
+    assert joined["incarnations"] == 1 and "aicluster.io/machine" not in joined["labels"]
+
+    # The machine goes away and joins again from the same home: the same node, back Ready.
+    run(worker_home, "down")
+    run(
+        worker_home,
+        "join",
+        ray_address,
+        *("--pool", "p2", "--label", "rack=r1", "--num-cpus", "2", "--num-gpus", "1"),
+        *("--gpu-model", "L4"),
+    )
+
+    def rejoined():
+        ns = json.loads(run(home, "nodes", "-o", "json").stdout)
+        n = next(n for n in ns if n["pool"] == "p2")
+        return len(ns) == 2 and n["alive"] and n["incarnations"] == 2 and n
+
+    again = wait_for(rejoined, timeout=60, what="one node for the rejoined machine")
+    assert (again["name"], again["machine_id"]) == (joined["name"], joined["machine_id"])
+    assert again["node_id"] != joined["node_id"]
+    assert again["state"] == "Ready"
     assert not stale.exists(), "a (re)joining machine clears the folders of killed attempts"
 
 

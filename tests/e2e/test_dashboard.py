@@ -233,6 +233,10 @@ def test_job_submitted_through_the_api_appears_succeeds_and_shows_logs(
     placed = dashboard_admin.job(job["id"])["placement"]
     expect(page.get_by_test_id("placement-row")).to_have_count(len(placed))
     expect(page.locator('[data-testid="job-event"][data-to="SUCCEEDED"]')).to_have_count(1)
+    attempt = page.get_by_test_id("job-attempt")  # one attempt, never interrupted
+    expect(attempt).to_have_count(1)
+    expect(attempt.get_by_test_id("job-attempt-end")).to_have_text("completed")
+    expect(attempt.get_by_test_id("job-attempt-recovery")).to_have_text("—")
     page.screenshot(path=screenshots / "job.png", full_page=True)
     page.locator('[data-testid="log-rank-tab"][data-rank="1"]').click()
     expect(logs).to_contain_text("done rank 1")

@@ -25,6 +25,7 @@ ADMIN_ONLY = {
     "PUT /v1/teams/{team}/quotas/{pool}",
     "POST /v1/tokens",
     "POST /v1/nodes/{node}/{action}",
+    "PUT /v1/prices",
 }
 WRITES = {
     "POST /v1/jobs",
@@ -45,6 +46,9 @@ READS = {
     "GET /v1/queue",
     "GET /v1/services",
     "GET /v1/services/{name}",
+    "GET /v1/usage",
+    "GET /v1/usage/lines",
+    "GET /v1/prices",
 }
 
 SERVICE = {
@@ -65,6 +69,7 @@ BODIES = {  # valid bodies, so that only who calls decides the answer
     "PUT /v1/teams/{team}/quotas/{pool}": {"gpus": 1},
     "POST /v1/tokens": {"user": "iso-sneak", "team": "iso-a", "role": "admin"},
     "POST /v1/nodes/{node}/{action}": {"grace_s": 1},
+    "PUT /v1/prices": {"gpu_model": "iso-sneak", "gpu_hour": 99.0},
 }
 
 
@@ -163,3 +168,5 @@ def test_team_b_sees_none_of_team_a_in_listings(control_plane, world):
     assert all(e["team"] == "iso-b" for e in get("/v1/events")["events"])
     assert all(q["team"] == "iso-b" for q in get("/v1/quotas")["quotas"])
     assert get("/v1/teams")["teams"] == ["iso-b"]
+    assert all(x["team"] == "iso-b" for x in get("/v1/usage/lines")["lines"])
+    assert get("/v1/usage", team="iso-a")["detail"]["message"] == "team 'iso-a' not found"

@@ -106,6 +106,16 @@ def test_checkpointing_job_resumes_on_healthy_nodes_after_node_death(ray_cluster
     assert victim_id not in done["placement"]
     requeue = [e for e in done["events"] if e["reason"] == "requeued"]
     assert requeue and requeue[0]["message"].startswith("node_lost")
+    # Recovery is measured from the death, phase by phase, and the work to redo is counted
+    # from the newest checkpoint.
+    again = next(e for e in done["events"] if e["to_status"] == "RUNNING" and e["message"])
+    assert "after node_lost (detection " in again["message"], again
+    assert re.search(r"of work since checkpoint step \d+ to redo$", again["message"]), again
+    took = done["attempts"][1]["recovery"]
+    assert took["cause"] == "node_lost" and took["detection_s"] > 0, took
+    phases = took["detection_s"] + took["queue_s"] + took["launch_s"]
+    assert abs(took["total_s"] - phases) < 1e-6
+    assert done["attempts"][0]["interrupted_at"] < done["attempts"][0]["ended_at"]
     log2 = admin.logs(job["id"], rank=0)[0].decode()
     resumed = int(re.search(r"resumed from step (\d+)", log2).group(1))
     assert resumed >= 1000

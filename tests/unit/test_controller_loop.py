@@ -224,6 +224,9 @@ def test_a_vanished_worker_within_the_restart_budget_is_requeued_worker_lost(wor
     world.ctrl.metrics = Metrics()
     job_id = world.submit(max_restarts=1)
     world.run(job_id)
+    world.clock.advance(7)
+    world.tick()  # every worker answers: progress until now
+    world.clock.advance(0.2)
     world.engine.lose(job_id, 0)
     world.tick()  # first seen lost: the node death grace starts now
     world.clock.advance(NODE_DEATH_GRACE_S + 1)
@@ -232,12 +235,21 @@ def test_a_vanished_worker_within_the_restart_budget_is_requeued_worker_lost(wor
     assert (job.requeue_cause, job.restarts, job.attempt) == (RequeueCause.WORKER_LOST, 1, 2)
     world.clock.advance(2)
     world.run(job_id)
-    assert world.job(job_id).message.startswith("recovered ")
-    assert world.job(job_id).message.endswith("after worker_lost")
-    samples = world.ctrl.metrics.registry.get_sample_value(
-        "aicluster_job_recovery_seconds_count", {"cause": "worker_lost"}
+    # Measured from the last time the worker answered, not from the requeue.
+    detection = 0.2 + NODE_DEATH_GRACE_S + 1
+    assert world.job(job_id).message == (
+        f"recovered {detection + 2:.1f} s after worker_lost (detection {detection:.1f} s, "
+        "queue 0.0 s, launch 2.0 s); about 7.0 s of work since its start to redo"
     )
-    assert samples == 1
+    first = world.store.job_attempts(job_id)[0]
+    assert first.ended_at - first.interrupted_at == pytest.approx(detection)
+    sample = world.ctrl.metrics.registry.get_sample_value
+    assert sample("aicluster_job_recovery_seconds_count", {"cause": "worker_lost"}) == 1
+    assert sample("aicluster_job_recovery_seconds_sum", {"cause": "worker_lost"}) == (
+        pytest.approx(detection + 2)
+    )
+    phases = {"cause": "worker_lost", "phase": "replay"}
+    assert sample("aicluster_job_recovery_phase_seconds_sum", phases) == pytest.approx(7)
 
 
 def test_a_new_controller_adopts_a_gang_its_predecessor_launched(world):
@@ -266,7 +278,7 @@ def test_a_launch_its_predecessor_left_unstarted_is_redone_control_plane_restart
     requeue = [e for e in world.store.list_events(object_id=job_id) if e.reason == "requeued"]
     assert requeue[-1].message == "control plane restarted during launch"
     job = world.run(job_id)
-    assert job.attempt == 2 and job.message.endswith("after control_plane_restarted")
+    assert job.attempt == 2 and "after control_plane_restarted (detection " in job.message
 
 
 # -- preemption --------------------------------------------------------------------------
@@ -509,6 +521,7 @@ def test_the_operators_log_says_admitted_requeued_node_lost_and_failed(world, ca
         )
     requeued = [r for r in mine if r.event == "job_requeued"]
     assert all(r.fields["cause"] == "node_lost" for r in requeued)
+    assert all(r.fields["detection_s"] >= 0 for r in requeued), "how long the loss took to see"
     assert "cause=node_lost" in requeued[0].getMessage()
     lost = [r for r in mine if r.event == "node_lost"]
     assert lost[0].levelno == logging.WARNING

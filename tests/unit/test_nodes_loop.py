@@ -6,6 +6,8 @@ for longer than the retire time (or removed by an admin) is retired, a live one 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from aicluster.control.jobs_loop import NODE_DEATH_GRACE_S, Controller
@@ -303,3 +305,168 @@ def test_node_metrics_count_current_nodes_only(world):
     assert node_counts() == {"Ready": 1, "Down": 1}
     world.loop.retire("n2", "alice")
     assert node_counts() == {"Ready": 1}
+
+
+# -- machines and their incarnations: a rejoin is the same node again -----------------------
+
+
+def incarnation(node_id: str, machine: str, **kw):
+    """A Ray node of machine `machine` (its MACHINE_LABEL), named as RayEngine names it."""
+    return replace(node(node_id, **kw), machine_id=machine, name=f"host-{machine[:6]}")
+
+
+def current(records, machine: str) -> list:
+    """The machine's records that are listed: not retired."""
+    return [r for r in records.values() if r.machine_id == machine and not r.state.retired]
+
+
+def test_a_node_without_a_machine_label_is_a_machine_of_its_own(world):
+    assert node("n1").machine_id == "n1"
+    records = world.loop.reconcile(world.engine.nodes())
+    assert {n: (r.machine_id, r.incarnations) for n, r in records.items()} == {
+        "n1": ("n1", 1),
+        "n2": ("n2", 1),
+    }
+
+
+def test_a_machine_that_rejoins_retires_its_earlier_incarnation(world):
+    world.engine.add_node(incarnation("a1", "machine-a"))
+    assert world.observe()["a1"] == NS.READY
+    world.engine.kill_node("a1")
+    assert world.observe()["a1"] == NS.DOWN
+    world.engine.add_node(incarnation("a2", "machine-a"))
+    states = world.observe()
+    assert (states["a1"], states["a2"]) == (NS.RETIRED, NS.READY), "no 600 s wait"
+    records = world.loop.nodes.all()
+    (now,) = current(records, "machine-a")
+    assert (now.node_id, now.name, now.incarnations) == ("a2", "host-machin", 2)
+    old = records["a1"]
+    assert (old.superseded_by, old.reason) == ("a2", "rejoined as incarnation a2")
+    assert world.transitions("a1") == [("Ready", "Down")]
+    retired = [e for e in world.store.list_events(object_id="a1") if e.type == "NodeRetired"]
+    assert [(e.from_status, e.to_status) for e in retired] == [("Down", "Retired")]
+    (rejoined,) = [e for e in world.store.list_events(object_id="machine-a")]
+    assert rejoined.type == "NodeRejoined"
+    # From the state the machine was in before it went away to the one it comes back in.
+    assert (rejoined.from_status, rejoined.to_status) == ("Ready", "Ready")
+    assert "incarnation 2 is node a2" in rejoined.message and "node a1" in rejoined.message
+    world.clock.advance(10_000)
+    assert world.observe()["a2"] == NS.READY, "the new incarnation is the node"
+    # A third incarnation: the count goes on, and only the latest is current.
+    world.engine.kill_node("a2")
+    world.observe()
+    world.engine.add_node(incarnation("a3", "machine-a"))
+    world.observe()
+    (now,) = current(world.loop.nodes.all(), "machine-a")
+    assert (now.node_id, now.incarnations) == ("a3", 3)
+    assert world.loop.nodes.get("a2").superseded_by == "a3"
+
+
+def test_a_rejoin_before_ray_declares_the_old_incarnation_dead_records_its_death(world):
+    world.engine.add_node(incarnation("a1", "machine-a"))
+    world.observe()
+    world.engine.add_node(incarnation("a2", "machine-a"))  # Ray still lists a1 alive
+    states = world.observe()
+    assert (states["a1"], states["a2"]) == (NS.RETIRED, NS.READY)
+    assert world.transitions("a1") == [("Ready", "Down")]
+    assert world.loop.nodes.get("a1").state == NS.RETIRED
+    assert world.observe()["a1"] == NS.RETIRED, "a superseded incarnation never comes back"
+    world.engine.kill_node("a1")
+    assert world.observe() == {"n1": NS.READY, "n2": NS.READY, "a1": NS.RETIRED, "a2": NS.READY}
+
+
+def test_a_cordoned_machine_rejoins_cordoned_and_other_states_start_ready(world):
+    world.engine.add_node(incarnation("a1", "machine-a"))
+    world.engine.add_node(incarnation("b1", "machine-b"))
+    world.observe()
+    world.loop.cordon("a1", "alice")
+    world.loop.drain("b1", "alice", grace_s=60)
+    world.engine.kill_node("a1")
+    world.engine.kill_node("b1")
+    assert world.observe()["a1"] == NS.DOWN, "down wins over everything"
+    world.engine.add_node(incarnation("a2", "machine-a"))
+    world.engine.add_node(incarnation("b2", "machine-b"))
+    states = world.observe()
+    assert (states["a2"], states["b2"]) == (NS.CORDONED, NS.READY)
+    assert world.loop.nodes.get("a2").reason == "cordoned by alice"
+    rejoins = [e for e in world.store.list_events(object_id="machine-b")]
+    assert [(e.type, e.from_status, e.to_status) for e in rejoins] == [
+        ("NodeRejoined", "Draining", "Ready")
+    ]
+    # Cordoned while alive (Ray has not noticed the old one's death): carried over too,
+    # and again on the next rejoin.
+    world.engine.add_node(incarnation("a3", "machine-a"))
+    assert world.observe()["a3"] == NS.CORDONED
+    world.engine.kill_node("a3")
+    world.observe()
+    world.clock.advance(601)
+    assert world.observe()["a3"] == NS.RETIRED, "retired after the Down time"
+    world.engine.add_node(incarnation("a4", "machine-a"))
+    assert world.observe()["a4"] == NS.CORDONED, "a retired incarnation's cordon too"
+    assert world.loop.nodes.get("a4").reason == "cordoned by alice"
+    assert world.loop.nodes.get("a4").incarnations == 4
+    assert world.loop.uncordon("a4", "alice").state == NS.READY
+    world.engine.kill_node("a4")
+    world.observe()
+    world.engine.add_node(incarnation("a5", "machine-a"))
+    assert world.observe()["a5"] == NS.READY, "uncordoned stays uncordoned"
+    rejoins = [e for e in world.store.list_events(object_id="machine-a")]
+    assert [(e.from_status, e.to_status) for e in rejoins] == [
+        ("Cordoned", "Cordoned"),
+        ("Cordoned", "Cordoned"),
+        ("Cordoned", "Cordoned"),
+        ("Ready", "Ready"),
+    ]
+
+
+def test_two_machines_never_merge(world):
+    world.engine.add_node(incarnation("a1", "machine-a"))
+    world.engine.add_node(incarnation("b1", "machine-b"))
+    world.observe()
+    world.engine.kill_node("a1")
+    world.observe()
+    world.engine.add_node(incarnation("c1", "machine-c"))
+    states = world.observe()
+    assert (states["a1"], states["b1"], states["c1"]) == (NS.DOWN, NS.READY, NS.READY)
+    records = world.loop.nodes.all()
+    assert all(r.incarnations == 1 and r.superseded_by is None for r in records.values())
+    assert not [e for e in world.store.list_events() if e.type == "NodeRejoined"]
+
+
+def test_incarnations_first_seen_together_keep_the_live_one(world):
+    """A control plane that starts late sees a machine's dead and live incarnations at once:
+    the live one is the node, whatever order Ray lists them in."""
+    world.engine.add_node(incarnation("a2", "machine-a"))
+    world.engine.add_node(incarnation("a1", "machine-a", alive=False))
+    states = world.observe()
+    assert (states["a1"], states["a2"]) == (NS.RETIRED, NS.READY)
+    (now,) = current(world.loop.nodes.all(), "machine-a")
+    assert now.node_id == "a2"
+    # And a dead incarnation first seen next to a known live one is an earlier one.
+    world.engine.add_node(incarnation("a0", "machine-a", alive=False))
+    states = world.observe()
+    assert (states["a0"], states["a2"]) == (NS.RETIRED, NS.READY)
+    assert world.loop.nodes.get("a0").superseded_by == "a2"
+
+
+def test_the_operators_log_says_cordoned_rejoined_and_retired(world, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="aicluster.decisions")
+    world.engine.add_node(incarnation("a1", "machine-a"))
+    world.observe()
+    world.loop.cordon("a1", "alice")
+    world.engine.kill_node("a1")
+    world.observe()
+    world.engine.add_node(incarnation("a2", "machine-a"))
+    world.observe()
+    world.loop.uncordon("a2", "alice")
+    lines = [r.getMessage() for r in caplog.records if r.name == "aicluster.decisions"]
+    assert [line.split()[0] for line in lines] == [
+        "node_cordoned",
+        "node_rejoined",
+        "node_uncordoned",
+    ]
+    assert lines[0].startswith("node_cordoned node=a1 ") and lines[0].endswith(" by=alice")
+    assert "machine=machine-a node=a2 " in lines[1] and "incarnation=2 replaces=a1" in lines[1]
+    assert lines[1].endswith("state=Cordoned"), "the cordon survives the rejoin"

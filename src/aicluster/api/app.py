@@ -19,10 +19,11 @@ from aicluster.control.api_ops import (
     ForbiddenError,
     NotFoundError,
 )
+from aicluster.control.nodes_loop import current as current_nodes
+from aicluster.control.recovery import recovery
 from aicluster.control.snapshot import allocations, job_workload
 from aicluster.core.lifecycle import JobStatus
 from aicluster.core.model import Quota, Res
-from aicluster.core.nodestate import listed
 from aicluster.specs.limits import INT64_MAX, MAX_TEXT
 from aicluster.specs.names import NAME_PATTERN
 from aicluster.store.errors import Conflict, NotFound
@@ -51,12 +52,29 @@ def job_json(job: JobRecord, events=None, attempts=None, now: float | None = Non
                 "admitted_at": a.admitted_at,
                 "started_at": a.started_at,
                 "ended_at": a.ended_at,
+                "interrupted_at": a.interrupted_at,
                 "runtime_s": a.runtime_s(now if now is not None else job.updated_at),
                 "end_reason": a.end_reason,
+                "recovery": _recovery_json(attempts[i - 1], a) if i else None,
             }
-            for a in attempts
+            for i, a in enumerate(attempts)
         ]
     return finite(d)
+
+
+def _recovery_json(before, a) -> dict | None:
+    """How `a` recovered the attempt `before` it (control.recovery), the measured phases
+    only: the replay estimate needs the job's checkpoints and is said in the event."""
+    took = recovery(before, a, a.started_at) if a.started_at is not None else None
+    if took is None:
+        return None
+    return {
+        "cause": took.cause,
+        "total_s": took.total_s,
+        "detection_s": took.detection_s,
+        "queue_s": took.queue_s,
+        "launch_s": took.launch_s,
+    }
 
 
 # Error statuses per kind of route, declared in the OpenAPI document.
@@ -162,11 +180,10 @@ def create_app(services: ApiOps, routers=()) -> FastAPI:
         used = allocations([job_workload(j) for j in active] + services.other_workloads())
         states = services.node_states()
         out = []
-        for n in services.engine.nodes():
-            rec = states.get(n.node_id)
-            if not listed(rec.state if rec else None, n.alive):
-                continue  # retired: only its events remain
+        infos = services.engine.nodes()
+        for n, rec in current_nodes(infos, states):  # retired ones: only events remain
             d = asdict(n)
+            d["incarnations"] = rec.incarnations if rec else 1
             d["allocated"] = asdict(used.get(n.node_id, Res()))
             # Ray's word that a node is dead wins over a state the node loop has not yet
             # caught up with (it updates once per tick): a dead node is never shown Ready.
@@ -191,7 +208,13 @@ def create_app(services: ApiOps, routers=()) -> FastAPI:
             )
         grace = body.grace_s if body else 300.0
         rec = services.node_action(who, node, action, grace)
-        return {"node_id": rec.node_id, "state": rec.state.value, "reason": rec.reason}
+        return {
+            "node_id": rec.node_id,
+            "machine_id": rec.machine_id,
+            "name": rec.name,
+            "state": rec.state.value,
+            "reason": rec.reason,
+        }
 
     @app.get("/v1/events", responses=responses(*AUTHED, 422))
     def events(

@@ -70,6 +70,7 @@ class ControlPlane:
         from aicluster.api.artifacts_routes import artifact_router
         from aicluster.api.metrics_routes import metrics_router
         from aicluster.api.services_routes import services_router
+        from aicluster.api.usage_routes import usage_router
         from aicluster.control.api_ops import ApiOps
         from aicluster.control.artifacts import ArtifactService
         from aicluster.control.endpoint_ops import EndpointOps
@@ -80,6 +81,7 @@ class ControlPlane:
         from aicluster.control.nodes_loop import NodeLoop
         from aicluster.control.sandboxing import Sandboxing
         from aicluster.control.services_loop import ServiceLoop
+        from aicluster.control.usage import Accountant, UsageOps
         from aicluster.engine.health import HealthAgents
         from aicluster.engine.ray_engine import NAMESPACE, RayEngine
         from aicluster.gateway.proxy import Gateway
@@ -88,6 +90,7 @@ class ControlPlane:
         from aicluster.store.nodes import NodeStore
         from aicluster.store.quotas import QuotaStore
         from aicluster.store.services import ServiceStore
+        from aicluster.store.usage import UsageStore
         from aicluster.web.routes import web_router
 
         self.home, self.host, self.port, self.tick_s = home, host, port, tick_s
@@ -135,6 +138,8 @@ class ControlPlane:
             artifacts=self.artifacts,
             api_url=f"http://{host}:{port}",
         )
+        usage = UsageStore(self.store)  # the ledger of ended attempts (control.usage)
+        self.accountant = Accountant(usage, nodes=lambda: self.controller.nodes)
         table = EndpointTable()
         service_store = ServiceStore(self.store)
         self.services = ServiceLoop(
@@ -173,6 +178,7 @@ class ControlPlane:
                 lambda _p: self.gateway.router(),
                 lambda p: artifact_router(self.artifacts, p),
                 lambda p: metrics_router(self.metrics, p),
+                lambda p: usage_router(UsageOps(usage, self.store.team_exists), p),
                 web_router,
             ],
         )
@@ -193,6 +199,10 @@ class ControlPlane:
                 self.controller.tick()
             except Exception:
                 log.exception("controller tick failed")
+            try:
+                self.accountant.tick()  # every few seconds: lines for ended attempts
+            except Exception:
+                log.exception("usage accounting failed")
             self.wakeup.wait(self.tick_s)  # a submit or a finished launch ticks at once
             self.wakeup.clear()
 

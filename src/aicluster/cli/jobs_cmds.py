@@ -193,7 +193,18 @@ def _attempt_columns(names: dict[str, str]) -> list[out.Column]:
         ("ENDED", lambda a: out.fmt_time(a.get("ended_at"))),
         ("RUNTIME", lambda a: out.fmt_duration(a.get("runtime_s"))),
         ("END", lambda a: a.get("end_reason") or ("running" if not a.get("ended_at") else "-")),
+        ("RECOVERED IN", _recovered_in),
     ]
+
+
+def _recovered_in(a: dict) -> str:
+    """How long the attempt took to run after the previous one was interrupted, and the
+    phases (control.recovery): detection, queue, launch."""
+    r = a.get("recovery")
+    if not r:
+        return "-"
+    phases = f"detect {r['detection_s']:.1f}, queue {r['queue_s']:.1f}, launch {r['launch_s']:.1f}"
+    return f"{r['total_s']:.1f} s ({phases})"
 
 
 def logs(

@@ -11,6 +11,7 @@ from aicluster.cli import (
     plan_cmds,
     platform_cmds,
     services_cmds,
+    usage_cmds,
 )
 
 app = typer.Typer(
@@ -26,6 +27,7 @@ nodes_cmds.register(app)
 artifacts_cmds.register(app)
 services_cmds.register(app)
 plan_cmds.register(app)
+usage_cmds.register(app)
 
 if __name__ == "__main__":
     app()

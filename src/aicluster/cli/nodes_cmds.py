@@ -1,5 +1,6 @@
 """`aicluster cordon | drain | uncordon NODE` and `aicluster nodes rm NODE` (admins);
-`aicluster nodes` lists them."""
+`aicluster nodes` lists them. A node is a machine: NODE is its name, its machine id or
+its current Ray node id (each rejoin of the machine is a new Ray node id, an incarnation)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ from aicluster.cli.common import (
 )
 from aicluster.client.api import node_action
 
-NodeArg = Annotated[str, typer.Argument(help="node id (a unique prefix will do) or name")]
+NodeArg = Annotated[
+    str,
+    typer.Argument(
+        help="node name, machine id or Ray node id (a unique prefix of an id will do); "
+        "the name and machine id stay the same when the machine rejoins"
+    ),
+]
 
 
 def _act(node: str, action: str, url, token, grace_s: float | None = None) -> None:

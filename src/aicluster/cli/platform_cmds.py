@@ -2,7 +2,8 @@
 
 Files under AICLUSTER_HOME: platform.json (what `up`/`join` started),
 controlplane.json (pid and URL of the control plane), client.json (the API URL for
-the CLI), admin.token (0600), state.db, logs/.
+the CLI), admin.token (0600), machine-id (0600: this machine's stable node identity,
+kept across rejoins), state.db, logs/.
 """
 
 from __future__ import annotations
@@ -58,6 +59,28 @@ def _node_labels(pool: str, labels: list[str] | None) -> dict[str, str]:
             raise typer.Exit(2)
         result[key] = value
     return result
+
+
+def _machine_id(home: Path) -> str:
+    """This machine's stable id, AICLUSTER_HOME/machine-id (0600), written at the first
+    `up` or `join` and kept: every Ray node this installation starts carries it
+    (MACHINE_LABEL), so a machine that rejoins is the same node again."""
+    import uuid
+
+    path = home / "machine-id"
+    try:
+        known = path.read_text().strip()
+    except OSError:
+        known = ""
+    if _LABEL_VALUE.fullmatch(known):
+        return known
+    machine_id = uuid.uuid4().hex
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(machine_id + "\n")
+    tmp.replace(path)
+    return machine_id
 
 
 def _read_json(path: Path) -> dict:
@@ -175,6 +198,7 @@ def up(
     if log_format not in ("text", "json"):
         err.print(f"[red]--log-format must be text or json, not {log_format!r}[/red]")
         raise typer.Exit(2)
+    from aicluster.engine.protocol import MACHINE_LABEL
     from aicluster.engine.raynode import RayStartError, start_head
 
     labels = _node_labels(pool, label)  # checked before anything is written
@@ -182,6 +206,7 @@ def up(
     home = home_dir()
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)
+    labels[MACHINE_LABEL] = _machine_id(home)
     state = _read_json(home / "platform.json")
     cp = _read_json(home / "controlplane.json")
     if state.get("ray_address") and _pid_alive(cp.get("pid")) and _healthy(cp.get("url", "")):
@@ -291,7 +316,7 @@ def join(
     ] = None,
 ) -> None:
     """Add this machine to a cluster as a worker node."""
-    from aicluster.engine.protocol import GPU_MODEL_LABEL
+    from aicluster.engine.protocol import GPU_MODEL_LABEL, MACHINE_LABEL
     from aicluster.engine.raynode import RayStartError
     from aicluster.engine.raynode import join as ray_join
 
@@ -305,6 +330,7 @@ def join(
         labels[GPU_MODEL_LABEL] = gpu_model
     home = home_dir()
     home.mkdir(parents=True, exist_ok=True)
+    labels[MACHINE_LABEL] = _machine_id(home)
     if ray_token_file is not None:
         try:
             token = ray_token_file.read_text().strip()

@@ -154,16 +154,22 @@ class ApiOps:
         return rec
 
     def _resolve_node(self, node: str) -> str:
-        """A node id prefix or name among the nodes not retired."""
+        """The current Ray node id of a node not retired, named by its name, a prefix of its
+        Ray node id or a prefix of its machine id (stable across rejoins)."""
         states = self.node_states()
         matches = [
             n
             for n, rec in states.items()
-            if not rec.state.retired and (n.startswith(node) or rec.name == node)
+            if not rec.state.retired
+            and (
+                n.startswith(node)
+                or rec.name == node
+                or (rec.machine_id is not None and rec.machine_id.startswith(node))
+            )
         ]
         if len(matches) != 1:
             what = "no node" if not matches else f"{len(matches)} nodes"
-            raise NotFoundError(f"{what} match {node!r}; use a longer node id prefix")
+            raise NotFoundError(f"{what} match {node!r}; use a longer node or machine id prefix")
         return matches[0]
 
     # -- jobs ----------------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from aicluster.control.logs import LogStore
 from aicluster.control.oplog import decision as log_decision
+from aicluster.control.recovery import newest_checkpoint, recovery
 from aicluster.control.snapshot import build_snapshot, job_artifact_keys, job_workload
 from aicluster.core.lifecycle import (
     JobStatus,
@@ -86,6 +87,9 @@ class Controller:
         self.alive: set[str] | None = None
         self.nodes: list[NodeInfo] = []
         self.lost_since: dict[str, float] = {}  # job id -> when a worker was first seen lost
+        # job id -> the last time every worker of its attempt answered: an interrupted
+        # attempt stopped making progress then (control.recovery measures from there)
+        self.last_heard: dict[str, float] = {}
         # Other kinds of workload (service replicas) that share the cluster and the cycle.
         self.sources: list[WorkloadSource] = []
         self.last_gc = 0.0
@@ -114,7 +118,10 @@ class Controller:
                 source.reconcile(self.nodes, self.alive or set(), draining)
             except Exception:
                 log.exception("reconciling %s", type(source).__name__)
-        for job in self.store.list_jobs(statuses=ACTIVE):
+        active = self.store.list_jobs(statuses=ACTIVE)
+        for gone in self.last_heard.keys() - {j.id for j in active}:  # ended, cancelled
+            del self.last_heard[gone]
+        for job in active:
             try:
                 self._reconcile(job)
             except Exception:
@@ -164,7 +171,8 @@ class Controller:
         for source in self.sources:
             busy |= {v.placement[0] for v in source.active_workloads() if v.placement}
         for node_id in draining - busy:
-            self.node_loop.nodes.set_state(node_id, NodeState.CORDONED, "drained")
+            if self.node_loop.nodes.set_state(node_id, NodeState.CORDONED, "drained"):
+                log_decision(decisions, "node_drained", node=node_id)
 
     # -- active jobs ------------------------------------------------------------------
 
@@ -196,34 +204,42 @@ class Controller:
             self._requeue(job, RequeueCause.CONTROL_PLANE_RESTARTED, message)
 
     def _running(self, job: JobRecord) -> None:
-        """ADMITTED -> RUNNING; after a requeue, say (and measure) how long recovery took."""
-        message = None
-        cause = job.requeue_cause
-        if job.attempt > 1 and cause is not None:
-            requeues = [
-                e
-                for e in self.store.list_events(object_id=job.id)
-                if e.reason == Reason.REQUEUED.value
-            ]
-            if requeues:
-                took = self.clock() - requeues[-1].ts
-                message = f"recovered {took:.1f} s after {cause.value}"
-                if self.metrics is not None:
-                    self.metrics.recovery_seconds.labels(cause.value).observe(took)
-        self.store.transition(
+        """ADMITTED -> RUNNING; after a requeue, say (and measure) how long recovery took,
+        from the interruption, phase by phase (control.recovery)."""
+        message, took = None, None
+        now = self.clock()
+        attempts = self.store.job_attempts(job.id) if job.attempt > 1 else []
+        if len(attempts) >= 2 and job.requeue_cause is not None:
+            took = recovery(attempts[-2], attempts[-1], now, self._checkpoint(job, attempts[-2]))
+            message = took.sentence() if took is not None else None
+        if self.store.transition(
             job.id, JobStatus.ADMITTED, JobStatus.RUNNING, Reason.STARTED, message
-        )
+        ):
+            self.last_heard[job.id] = now
+            if took is not None and self.metrics is not None:
+                self.metrics.observe_recovery(took)
+
+    def _checkpoint(self, job: JobRecord, attempt):
+        """The job's newest checkpoint when `attempt` was interrupted, if it saves any."""
+        if self.artifacts is None or attempt.ended_at is None:
+            return None
+        name = f"{job.name}-ckpt"  # runtime.checkpoint.artifact_name
+        versions = self.artifacts.artifacts.index.versions(job.team, name)
+        return newest_checkpoint(versions, attempt.interrupted_at or attempt.ended_at)
 
     def _reconcile_running(self, job: JobRecord) -> None:
         states = self.pull_logs(job)
         lost = [s for s in states if s.lost]
         failed = [s for s in states if s.exit_code not in (None, 0)]
+        if not lost and all(s.started for s in states):
+            self.last_heard[job.id] = self.clock()
         if lost:
             dead = [n for n in (job.placement or []) if n not in (self.alive or set())]
             first = self.lost_since.setdefault(job.id, self.clock())
             if not dead and self.clock() - first < NODE_DEATH_GRACE_S:
                 return  # is its node dying? decide once Ray knows
             self.lost_since.pop(job.id, None)
+            interrupted_at = self.last_heard.get(job.id, first)
             unhealthy = self._nodes_in(NodeState.DEGRADED) & set(job.placement or [])
             reason = (
                 Reason.NODE_LOST
@@ -237,7 +253,8 @@ class Controller:
                 if dead
                 else ("its node failed health checks" if unhealthy else "worker process vanished")
             )
-            self._end_attempt(job, reason, f"rank {lost[0].rank}: {where}")
+            message = f"rank {lost[0].rank}: {where}"
+            self._end_attempt(job, reason, message, interrupted_at=interrupted_at)
         elif failed:
             first = failed[0]
             self.engine.stop(job.id, job.attempt, len(states))
@@ -317,21 +334,31 @@ class Controller:
             if not any(len(s.log) >= (1 << 20) for s in states):
                 return states
 
-    def _end_attempt(self, job: JobRecord, reason: Reason, message: str) -> None:
-        """Stop the gang; requeue within the restart budget, else fail."""
+    def _end_attempt(
+        self, job: JobRecord, reason: Reason, message: str, interrupted_at: float | None = None
+    ) -> None:
+        """Stop the gang; requeue within the restart budget, else fail. `interrupted_at`:
+        when an interrupted attempt stopped making progress (control.recovery)."""
         self.engine.stop(job.id, job.attempt, len(job.placement or []))
         max_restarts = job.spec.max_restarts
         if not failure_is_retryable(reason):
-            self._fail(job, reason, message)
+            self._fail(job, reason, message, interrupted_at=interrupted_at)
         elif job.restarts < max_restarts:
             text = f"{reason}: {message}; restart {job.restarts + 1} of {max_restarts}"
-            self._requeue(job, requeue_cause_of(reason), text, restarts=job.restarts + 1)
+            self._requeue(
+                job,
+                requeue_cause_of(reason),
+                text,
+                restarts=job.restarts + 1,
+                interrupted_at=interrupted_at,
+            )
         else:  # it would have been restarted: say that the restarts ran out
             text = f"{reason}: {message}; restarts exhausted ({job.restarts} of {max_restarts})"
-            self._fail(job, reason, text)
+            self._fail(job, reason, text, interrupted_at=interrupted_at)
 
     def _fail(self, job: JobRecord, reason: Reason, message: str, **fields) -> None:
         """End the job FAILED (from the status it is in) and log the decision."""
+        self.last_heard.pop(job.id, None)
         if self.store.transition(job.id, job.status, JobStatus.FAILED, reason, message, **fields):
             log_decision(
                 decisions,
@@ -352,10 +379,13 @@ class Controller:
         message: str,
         restarts: int | None = None,
         by: str | None = None,
+        interrupted_at: float | None = None,
     ) -> None:
         """Back to PENDING (placement cleared) for `cause`, from the status the job is in,
-        and log the decision: `job_preempted` (`by` whom) or `job_requeued`."""
+        and log the decision: `job_preempted` (`by` whom) or `job_requeued`. The attempt
+        was interrupted at `interrupted_at`, or now when the platform stopped it."""
         fields = {} if restarts is None else {"restarts": restarts}
+        self.last_heard.pop(job.id, None)
         if not self.store.transition(
             job.id,
             job.status,
@@ -363,6 +393,7 @@ class Controller:
             Reason.REQUEUED,
             message,
             requeue_cause=cause,
+            interrupted_at=interrupted_at,
             placement=None,
             **fields,
         ):
@@ -372,6 +403,8 @@ class Controller:
         if by is not None:
             log_decision(decisions, "job_preempted", **where, placement=placement, by=by)
         else:
+            if interrupted_at is not None:  # how long the loss took to see
+                where["detection_s"] = round(max(0.0, self.clock() - interrupted_at), 2)
             log_decision(
                 decisions,
                 "job_requeued",
@@ -395,7 +428,11 @@ class Controller:
         if self.node_loop is not None:  # an admin may have cordoned a node since the tick began
             self.node_states = self.node_loop.nodes.all()
         blocked = self._nodes_in(
-            NodeState.CORDONED, NodeState.DRAINING, NodeState.DEGRADED, NodeState.DOWN
+            NodeState.CORDONED,
+            NodeState.DRAINING,
+            NodeState.DEGRADED,
+            NodeState.DOWN,
+            NodeState.RETIRED,  # an incarnation a rejoin replaced, seconds before Ray knows
         )
         quotas = tuple(self.quotas.all()) if self.quotas is not None else ()
         snapshot = build_snapshot(self.nodes, pending_views, active_views, blocked, quotas)

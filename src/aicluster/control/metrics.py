@@ -27,8 +27,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from aicluster.control.nodes_loop import current as current_nodes
 from aicluster.core.lifecycle import JobStatus
-from aicluster.core.nodestate import listed
 
 CLUSTER_WIDE = frozenset(
     {
@@ -36,6 +36,7 @@ CLUSTER_WIDE = frozenset(
         "aicluster_gpus",
         "aicluster_scheduler_cycle_seconds",
         "aicluster_job_recovery_seconds",
+        "aicluster_job_recovery_phase_seconds",
     }
 )
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -53,8 +54,17 @@ class Metrics:
         )
         self.recovery_seconds = Histogram(
             "aicluster_job_recovery_seconds",
-            "From a job's requeue (node lost, drained, ...) to running again",
+            "From the interruption of a job's attempt (node lost, drained, ...) to running "
+            "again: detection + queue + launch (control.recovery)",
             ["cause"],
+            registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.recovery_phase_seconds = Histogram(
+            "aicluster_job_recovery_phase_seconds",
+            "One phase of a job's recovery: detection, queue, launch, and replay (estimated: "
+            "the work since its newest checkpoint that it redoes)",
+            ["cause", "phase"],
             registry=r,
             buckets=LATENCY_BUCKETS,
         )
@@ -78,6 +88,12 @@ class Metrics:
             registry=r,
             buckets=LATENCY_BUCKETS,
         )
+
+    def observe_recovery(self, took) -> None:
+        """A control.recovery.Recovery: its total and each phase."""
+        self.recovery_seconds.labels(took.cause).observe(took.total_s)
+        for phase, seconds in took.phases().items():
+            self.recovery_phase_seconds.labels(took.cause, phase).observe(seconds)
 
     def add_state(self, state: StateCollector) -> None:
         self.registry.register(state)
@@ -133,15 +149,9 @@ class StateCollector:
         )
         states = self.node_states() if self.node_states is not None else {}
         counts = Counter(
-            (
-                n.pool,
-                states[n.node_id].state.value
-                if n.node_id in states
-                else ("Ready" if n.alive else "Down"),
-            )
-            for n in nodes
-            if listed(states[n.node_id].state if n.node_id in states else None, n.alive)
-        )  # current nodes only: a retired one is not counted
+            (n.pool, rec.state.value if rec else ("Ready" if n.alive else "Down"))
+            for n, rec in current_nodes(nodes, states)
+        )  # current nodes only: a retired one, or one a rejoin replaced, is not counted
         for (pool, state), k in sorted(counts.items()):
             n_state.add_metric([pool, state], k)
         yield n_state

@@ -15,6 +15,11 @@ RETIRED is the end of a dead node: it is no longer listed (API, CLI, metrics) an
 events keep its history. It is terminal for as long as the node stays dead; should Ray
 report the same node id alive again, the node is READY (or DEGRADED) like any node that
 comes back from DOWN, and listed again. Only a DOWN node is retired, never a live one.
+
+A node record is one incarnation (Ray node id) of a machine. When the machine rejoins as a
+new Ray node id, its earlier incarnation is dead whatever Ray says yet (a machine runs one
+incarnation at a time): it goes to DOWN (if not there already) and on to RETIRED at once,
+through the transitions above, and stays RETIRED for good (control.nodes_loop).
 """
 
 from __future__ import annotations

@@ -7,10 +7,18 @@ from typing import Protocol
 
 POOL_LABEL = "aicluster.io/pool"
 GPU_MODEL_LABEL = "aicluster.io/gpu-model"
+# The machine a Ray node runs on: a stable id that `aicluster up`/`join` keep in the
+# installation home (AICLUSTER_HOME/machine-id). A machine that rejoins gets a new Ray
+# node id (an incarnation) but keeps its machine id, so it is the same node again.
+MACHINE_LABEL = "aicluster.io/machine"
 
 
 @dataclass(frozen=True)
 class NodeInfo:
+    """One Ray node (an incarnation of a machine). `machine_id` is the machine's stable id
+    (MACHINE_LABEL); a node without that label (e.g. a test node of ray.cluster_utils) is a
+    machine of its own: its machine id is its node id."""
+
     node_id: str
     name: str
     address: str
@@ -22,6 +30,11 @@ class NodeInfo:
     pool: str
     labels: dict[str, str] = field(default_factory=dict)
     is_head: bool = False
+    machine_id: str = ""
+
+    def __post_init__(self):
+        if not self.machine_id:
+            object.__setattr__(self, "machine_id", self.node_id)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ control plane find them again. Every Ray call of aicluster lives in this module.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 
@@ -16,6 +17,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from aicluster.engine.logsink import start_sink
 from aicluster.engine.protocol import (
     GPU_MODEL_LABEL,
     POOL_LABEL,
@@ -32,6 +34,10 @@ NAMESPACE = "aicluster"
 _ACTOR_RE = re.compile(r"^aic-(?P<job>.+)-a(?P<attempt>\d+)-r(?P<rank>\d+)$")
 _GANG_RE = re.compile(r"^aic-(?P<job>.+)-a(?P<attempt>\d+)$")
 _LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ValueError)
+SINK_READ_TIMEOUT_S = 2.0
+# A stopped gang's tail stays in the sink this long: the pull that follows a stop
+# reads what the workers printed while stopping.
+SINK_FORGET_AFTER_S = 60.0
 
 
 def gang_name(job_id: str, attempt: int) -> str:
@@ -42,7 +48,32 @@ def actor_name(job_id: str, attempt: int, rank: int) -> str:
     return f"{gang_name(job_id, attempt)}-r{rank}"
 
 
+class _Streamer:
+    """A worker's `on_output`: each chunk goes to the log sink (engine.logsink) as it is
+    written, fire-and-forget from the pump thread. At most MAX_IN_FLIGHT pushes are
+    unanswered; a chunk past that is dropped (the sink then restarts the stream at the
+    next push: the sink is best effort, the worker's file stays whole)."""
+
+    MAX_IN_FLIGHT = 64
+
+    def __init__(self, sink, key: tuple[str, int, int]):
+        self.sink, self.key, self.pending = sink, key, []
+
+    def __call__(self, offset: int, chunk: bytes) -> None:
+        if len(self.pending) >= self.MAX_IN_FLIGHT:
+            _, self.pending = ray.wait(
+                self.pending, num_returns=len(self.pending), timeout=0, fetch_local=False
+            )
+            if len(self.pending) >= self.MAX_IN_FLIGHT:
+                return
+        self.pending.append(self.sink.push.remote(self.key, offset, chunk))
+
+
 class _WorkerActor(WorkerProcess):
+    def __init__(self, job_id: str, attempt: int, rank: int, sink=None):
+        streamer = _Streamer(sink, (job_id, attempt, rank)) if sink is not None else None
+        super().__init__(job_id, attempt, rank, on_output=streamer)
+
     def where(self) -> dict:
         """The node this worker really runs on and the GPUs Ray granted it."""
         return {
@@ -77,6 +108,17 @@ class RayEngine:
         self.call_timeout = call_timeout
         self.launch_timeout = launch_timeout
         self.sandbox_for = sandbox_for or (lambda _team: None)
+        self.sink = self._start_sink()
+
+    def _start_sink(self):
+        """The cluster's log sink, pinned to this driver's node (a worker node that dies
+        cannot take it down); None when it cannot be created (logs then come only from
+        the workers' files)."""
+        try:
+            return start_sink(ray.get_runtime_context().get_node_id(), NAMESPACE)
+        except Exception:  # noqa: BLE001 - streaming is best effort
+            log.warning("no log sink: output printed just before a node dies may be lost")
+            return None
 
     def close(self) -> None:
         ray.shutdown()
@@ -84,14 +126,22 @@ class RayEngine:
     # -- inventory ----------------------------------------------------------------
 
     def nodes(self) -> list[NodeInfo]:
+        """Ray's nodes as incarnations of machines: the machine id is the node's
+        MACHINE_LABEL (its Ray node id without one) and names the node,
+        `hostname-<machine id[:6]>`, the same across rejoins. Neither id is a user label."""
+        from aicluster.engine.protocol import MACHINE_LABEL
+
         out = []
         for n in ray.nodes():
             res, labels = n.get("Resources", {}), dict(n.get("Labels") or {})
             labels.pop("ray.io/node-id", None)
+            machine_id = labels.pop(MACHINE_LABEL, None) or n["NodeID"]
+            host = n.get("NodeManagerHostname") or n.get("NodeName", "")
             out.append(
                 NodeInfo(
                     node_id=n["NodeID"],
-                    name=f"{n.get('NodeManagerHostname') or n.get('NodeName', '')}-{n['NodeID'][:6]}",
+                    machine_id=machine_id,
+                    name=f"{host}-{machine_id[:6]}",
                     address=n.get("NodeManagerAddress", ""),
                     alive=bool(n.get("Alive")),
                     cpus=float(res.get("CPU", 0)),
@@ -115,6 +165,7 @@ class RayEngine:
         Raises LaunchError when the group cannot be placed or a worker cannot start;
         whatever was created is then removed again.
         """
+        self._forget(req.job_id, req.attempt)  # a stale tail of an earlier launch
         bundle = {"CPU": req.cpus}
         if req.gpus:
             bundle["GPU"] = req.gpus
@@ -142,7 +193,7 @@ class RayEngine:
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         pg, placement_group_bundle_index=rank
                     ),
-                ).remote(req.job_id, req.attempt, rank)
+                ).remote(req.job_id, req.attempt, rank, self.sink)
                 for rank in range(len(req.placement))
             ]
             where = ray.get([a.where.remote() for a in actors], timeout=self.launch_timeout)
@@ -179,12 +230,17 @@ class RayEngine:
             raise LaunchError(f"{type(exc).__name__}: {exc}") from exc
 
     def status(self, job_id: str, attempt: int, offsets: list[int]) -> list[WorkerState]:
+        """A live rank's log comes from its worker's file; a lost or unresponsive rank's
+        from the log sink (engine.logsink), which holds the tail its worker streamed
+        off the node as it was written (see `_sink_tail` for what it may lack)."""
         refs = {}
         states: dict[int, WorkerState] = {}
+        from_sink: dict[int, int] = {}  # rank -> offset, for ranks whose file is out of reach
         for rank, offset in enumerate(offsets):
             actor = self._actor(job_id, attempt, rank)
             if actor is None:
                 states[rank] = WorkerState(rank, lost=True)
+                from_sink[rank] = offset
             else:
                 refs[rank] = actor.status.remote(offset)
         for rank, ref in refs.items():
@@ -195,9 +251,40 @@ class RayEngine:
                 )
             except _LOST:
                 states[rank] = WorkerState(rank, lost=True)
+                from_sink[rank] = offsets[rank]
             except ray.exceptions.GetTimeoutError:
                 states[rank] = WorkerState(rank, started=True)  # busy: unknown, not lost
+                from_sink[rank] = offsets[rank]
+        for rank, data in self._sink_tail(job_id, attempt, from_sink).items():
+            states[rank] = dataclasses.replace(states[rank], log=data)
         return [states[r] for r in range(len(offsets))]
+
+    def _sink_tail(self, job_id: str, attempt: int, offsets: dict[int, int]) -> dict[int, bytes]:
+        """What the sink holds of these ranks from their offsets, bytes that are the
+        worker file's bytes at exactly those offsets. A rank gets nothing when the sink
+        is unreachable, holds nothing of it, or holds only bytes that start past its
+        offset: bytes after a gap cannot be returned without breaking the reader's
+        invariant that what it pulled ends where the next pull starts (control.logs)."""
+        if self.sink is None or not offsets:
+            return {}
+        asks = [((job_id, attempt, rank), offset) for rank, offset in offsets.items()]
+        try:
+            held = ray.get(self.sink.read.remote(asks), timeout=SINK_READ_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - best effort: the sink may be gone or busy
+            return {}
+        out = {}
+        for (_job, _attempt, rank), (start, data) in held.items():
+            if data and start == offsets.get(rank):
+                out[rank] = data
+        return out
+
+    def _forget(self, job_id: str, attempt: int, after: float = 0.0) -> None:
+        if self.sink is None:
+            return
+        try:
+            self.sink.forget.remote(job_id, attempt, after)
+        except Exception:  # noqa: BLE001 - best effort
+            pass
 
     def stop(self, job_id: str, attempt: int, workers: int, grace: float = 5.0) -> None:
         """Kill every worker process, then the actors, then free the placement group."""
@@ -219,6 +306,7 @@ class RayEngine:
             remove_placement_group(pg)
         except ValueError:
             pass
+        self._forget(job_id, attempt, after=SINK_FORGET_AFTER_S)
 
     def scan_output(self, job_id: str, attempt: int, path: str) -> list[dict]:
         """Rank 0's output folder as file entries (path, size, sha256)."""

@@ -2,7 +2,12 @@
 
 Invariants: every process started here carries this installation's RAY_TMPDIR in
 its environment, which is how `kill_installation` finds all of them — Ray's
-daemons, actor workers and the user commands they run — and nothing else.
+daemons, actor workers and the user commands they run — and nothing else. Ray's
+agents write their process title over the start of their environment, so the raw
+environment is searched for the temp dir and the token path alike (never for
+AICLUSTER_HOME, which the user's own shell may carry); the sandboxed commands (a
+scrubbed environment, another user) are found as descendants of the installation's
+processes. The caller and its ancestors are never among them.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from aicluster.engine.rayenv import ray_env, ray_temp_dir
+from aicluster.engine.rayenv import ray_env, ray_temp_dir, ray_token_path
 
 # Ray declares a dead node dead after ~14 s by default; these settings make it ~4 s, so a
 # job on a lost node is requeued seconds after the loss (see shared/RAY-NOTES.md).
@@ -132,18 +137,38 @@ def join(
 
 
 def installation_processes(home: Path) -> list[psutil.Process]:
-    tmp = str(ray_temp_dir(home))
-    me = os.getpid()
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid == me:
+    """Every live process of this installation on this machine, and their descendants."""
+    marks = (
+        f"RAY_TMPDIR={ray_temp_dir(home)}\0".encode(),
+        f"RAY_AUTH_TOKEN_PATH={ray_token_path(home)}\0".encode(),
+    )
+    me = psutil.Process()
+    spared = {me.pid} | {p.pid for p in me.parents()}
+    found: dict[int, psutil.Process] = {}
+    for pid in psutil.pids():
+        if pid in spared:
             continue
         try:
-            if proc.environ().get("RAY_TMPDIR") == tmp:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                raw = f.read()
+            if any(m in raw for m in marks):
+                found[pid] = psutil.Process(pid)
+        except (OSError, psutil.NoSuchProcess):
             continue
-    return found
+    for proc in list(found.values()):
+        try:
+            for child in proc.children(recursive=True):
+                found.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            pass
+    return [p for p in found.values() if p.pid not in spared and _running(p)]
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def kill_installation(home: Path, grace: float = 10.0) -> int:

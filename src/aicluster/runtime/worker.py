@@ -6,6 +6,13 @@ Invariants:
   killed worker leaves no orphan behind.
 - The log is a file on the worker's node; readers pull it by byte offset, so a
   reader that restarts resumes exactly where it stopped.
+- The command writes to a pipe; a pump thread appends each chunk to that file
+  first, then hands it to `on_output(offset, chunk)` (when given), where offset is
+  the chunk's absolute offset in the file. The engine streams these chunks off the
+  node (engine.logsink), so output survives the node; the file stays the source of
+  truth and the catch-up path. A failing `on_output` never stops the pump.
+- An exit code is reported only once the pump has drained the pipe (or has had
+  its chance to), so a reader that sees the exit has the whole log.
 """
 
 from __future__ import annotations
@@ -13,18 +20,26 @@ from __future__ import annotations
 import ctypes
 import io
 import os
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import tarfile
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from aicluster.runtime.sandbox import SandboxPolicy, prepare, workload_env, wrap
 
 _PR_SET_PDEATHSIG = 1
+_PUMP_CHUNK = 64 * 1024
+# Under a burst, a chunk gathers what arrives within this of the previous push (fewer,
+# larger pushes); the first bytes after a quiet spell go at once (a dying node's last line).
+_COALESCE_S = 0.005
+_DRAIN_WAIT_S = 2.0  # how long a reader waits for the pump after the command exited
 
 
 def _die_with_parent() -> None:
@@ -51,13 +66,26 @@ def extract_workdir(blob: bytes | None, dest: Path) -> None:
 class WorkerProcess:
     """Lives in a Ray actor on the worker's node (see engine.ray_engine)."""
 
-    def __init__(self, job_id: str, attempt: int, rank: int, scratch_root: str | None = None):
+    def __init__(
+        self,
+        job_id: str,
+        attempt: int,
+        rank: int,
+        scratch_root: str | None = None,
+        on_output: Callable[[int, bytes], None] | None = None,
+    ):
+        """`on_output(offset, chunk)`: called from the pump thread with each chunk of
+        output, right after it was appended to the log at `offset`; must not block."""
         self.job_id, self.attempt, self.rank = job_id, attempt, rank
         root = Path(scratch_root) / "aicluster-work" if scratch_root else work_root()
         self.dir = root / f"{job_id}-a{attempt}-r{rank}"
         self.log_path = self.dir / "output.log"
         self.proc: subprocess.Popen | None = None
         self.started_at: float | None = None
+        self.on_output = on_output
+        self._pump: threading.Thread | None = None
+        self._drained = threading.Event()  # the pump reached EOF
+        self._drain_given_up = False
 
     def node_address(self, host: str) -> tuple[str, int]:
         return host, free_port(host)
@@ -91,7 +119,7 @@ class WorkerProcess:
         prepared = prepare(policy, self.dir)
         full_env = workload_env(job_env, cwd, policy.uid if prepared.sandboxed else None)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        log = os.fdopen(fd, "ab", buffering=0)
+        read_end, write_end = os.pipe()
         try:
             self.proc = subprocess.Popen(
                 wrap(prepared.prefix, command),
@@ -99,22 +127,78 @@ class WorkerProcess:
                 cwd=cwd,
                 env=full_env,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=write_end,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        except OSError as exc:
-            log.write(f"aicluster: cannot start command: {exc}\n".encode())
+        except BaseException as exc:
+            os.close(read_end)
+            if isinstance(exc, OSError):
+                line = f"aicluster: cannot start command: {exc}\n".encode()
+                offset = os.fstat(fd).st_size
+                os.write(fd, line)
+                self._emit(offset, line)
+            os.close(fd)
             raise
         finally:
-            log.close()
+            os.close(write_end)  # the command holds the only write end now
+        self._pump = threading.Thread(
+            target=self._pump_output,
+            args=(read_end, fd),
+            name=f"log-pump-{self.rank}",
+            daemon=True,
+        )
+        self._pump.start()
         self.started_at = time.time()
         return self.proc.pid
+
+    def _pump_output(self, read_end: int, log_fd: int) -> None:
+        """Pipe -> log file -> on_output, chunk by chunk as bytes arrive, until EOF."""
+        try:
+            offset: int | None = os.fstat(log_fd).st_size
+            pushed = 0.0  # monotonic time of the last chunk out
+            while chunk := _read_chunk(read_end, pushed + _COALESCE_S):
+                pushed = time.monotonic()
+                if offset is None:
+                    continue  # the log broke: drain, as a full disk would swallow output
+                try:
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(log_fd, view) :]
+                except OSError:
+                    offset = None  # file and stream must agree on offsets: stop both
+                    continue
+                self._emit(offset, chunk)
+                offset += len(chunk)
+        except OSError:
+            pass
+        finally:
+            os.close(read_end)
+            os.close(log_fd)
+            self._drained.set()
+
+    def _emit(self, offset: int, chunk: bytes) -> None:
+        if self.on_output is None:
+            return
+        try:
+            self.on_output(offset, chunk)
+        except Exception:  # noqa: BLE001 - streaming is best effort; the file has it
+            pass
+
+    def _wait_drained(self) -> None:
+        """After the command exited, give the pump a moment to move the pipe's last bytes
+        into the file; once only, as a daemon it left behind may hold the pipe forever."""
+        if self._pump is None or self._drained.is_set() or self._drain_given_up:
+            return
+        if not self._drained.wait(_DRAIN_WAIT_S):
+            self._drain_given_up = True
 
     def status(self, log_offset: int, max_bytes: int = 1 << 20) -> dict:
         """Exit code (None while running) and the log bytes from `log_offset`."""
         code = None if self.proc is None else self.proc.poll()
+        if code is not None:
+            self._wait_drained()
         chunk = b""
         if self.log_path.exists():
             with open(self.log_path, "rb") as f:
@@ -141,6 +225,7 @@ class WorkerProcess:
             code = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             return None
+        self._wait_drained()  # so the last chunks reach on_output before the folder goes
         self.cleanup()  # the control plane has pulled the log before it stops a worker
         return code
 
@@ -181,6 +266,22 @@ class WorkerProcess:
                     backend.write_blob(entry.sha256, iter(lambda: f.read(1 << 20), b""))
                 written += entry.size
         return written
+
+
+def _read_chunk(fd: int, not_before: float) -> bytes:
+    """Up to _PUMP_CHUNK bytes: what is there, plus what follows until `not_before`
+    (monotonic; in the past: nothing more is waited for); b"" only at EOF."""
+    chunk = os.read(fd, _PUMP_CHUNK)
+    deadline = not_before
+    while chunk and len(chunk) < _PUMP_CHUNK:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        more = os.read(fd, _PUMP_CHUNK - len(chunk))
+        if not more:
+            break  # EOF: the next read says so
+        chunk += more
+    return chunk
 
 
 def work_root(environ=os.environ) -> Path:

@@ -4,7 +4,12 @@ Invariant: all SQL lives here; every status change of a job and its Event are
 written in one transaction, guarded by compare-and-set on the old status.
 """
 
-from aicluster.store import node_schema, quota_schema, service_schema  # noqa: F401 - tables
+from aicluster.store import (  # noqa: F401 - tables
+    node_schema,
+    quota_schema,
+    service_schema,
+    usage_schema,
+)
 from aicluster.store.artifacts import schema as _artifact_tables  # noqa: F401 - on Base.metadata
 from aicluster.store.db import Store, open_store
 

@@ -76,6 +76,7 @@ class EventRecord:
     attempt: int | None = None  # a job transition's: the job's attempt after it
     placement: list | None = None  # an admission's: the node id of each rank
     requeue_cause: str | None = None  # a requeue's: why the attempt ended
+    interrupted_at: float | None = None  # an interrupted attempt's end: last sign of progress
 
     @classmethod
     def of(cls, row: EventRow) -> EventRecord:
@@ -92,6 +93,9 @@ class AttemptRecord:
     started_at: float | None  # RUNNING; None when it never got there (launch failed)
     ended_at: float | None  # None while it runs
     end_reason: str | None  # the requeue cause or the final reason; None while it runs
+    # An interrupted attempt (its node died, its worker vanished): when it stopped making
+    # progress, at most one tick before the death; None for any other end.
+    interrupted_at: float | None = None
 
     def runtime_s(self, now: float) -> float | None:
         if self.started_at is None:
@@ -119,6 +123,7 @@ def attempts_of(events: Iterable[EventRecord]) -> list[AttemptRecord]:
                     started_at=None,
                     ended_at=None,
                     end_reason=None,
+                    interrupted_at=None,
                 )
             )
         elif out and out[-1]["ended_at"] is None and e.from_status in _IN_ATTEMPT:
@@ -127,6 +132,7 @@ def attempts_of(events: Iterable[EventRecord]) -> list[AttemptRecord]:
             else:
                 out[-1]["ended_at"] = e.ts
                 out[-1]["end_reason"] = _end_reason(e)
+                out[-1]["interrupted_at"] = e.interrupted_at
     return [AttemptRecord(**a) for a in out]
 
 
@@ -228,12 +234,14 @@ class JobStore:
         message: str | None = None,
         actor: str | None = None,
         requeue_cause: RequeueCause | None = None,
+        interrupted_at: float | None = None,
         **fields,
     ) -> JobRecord | None:
         """Compare-and-set the status; write the Event in the same transaction.
 
         A requeue (reason `requeued`) names its `requeue_cause`; it stays on the job until
-        the next requeue. Every transition clears the wait kind (the scheduler sets it again
+        the next requeue. An attempt that ends interrupted records on its event
+        `interrupted_at`, when it stopped making progress. Every transition clears the wait kind (the scheduler sets it again
         while the job is PENDING). Returns the new record, or None when the job was no
         longer in `src`.
         """
@@ -274,6 +282,7 @@ class JobStore:
                 attempt=row.attempt or None,
                 placement=list(row.placement or []) if dst == JobStatus.ADMITTED else None,
                 requeue_cause=requeue_cause.value if requeue_cause is not None else None,
+                interrupted_at=interrupted_at,
             )
             return JobRecord.of(row)
 
@@ -315,6 +324,7 @@ class JobStore:
         attempt=None,
         placement=None,
         requeue_cause=None,
+        interrupted_at=None,
     ) -> None:
         s.add(
             EventRow(
@@ -331,6 +341,7 @@ class JobStore:
                 attempt=attempt,
                 placement=placement,
                 requeue_cause=requeue_cause,
+                interrupted_at=interrupted_at,
             )
         )
 

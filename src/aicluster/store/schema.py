@@ -88,3 +88,6 @@ class EventRow(Base):
     attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
     placement: Mapped[list | None] = mapped_column(JSON, nullable=True)
     requeue_cause: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # An interrupted attempt's end: when it stopped making progress (the last time every
+    # worker answered before its node died); recovery is measured from there.
+    interrupted_at: Mapped[float | None] = mapped_column(Float, nullable=True)

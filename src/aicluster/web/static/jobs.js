@@ -146,6 +146,22 @@ function field(label, value, testid) {
   return [h("dt", null, label), h("dd", { testid }, value)];
 }
 
+// One attempt of the job: where it ran, when, why it ended, and how long it took to run
+// again after the previous one was interrupted (detection + queue + launch).
+function attemptRow(a, names) {
+  const r = a.recovery;
+  return h("tr", { testid: "job-attempt", data: { attempt: a.attempt } },
+    h("td", { class: "num" }, String(a.attempt)),
+    h("td", null, (a.placement || []).map((id) => names.get(id) || shortId(id)).join(", ") || "—"),
+    h("td", { class: "num" }, stamp(a.started_at)),
+    h("td", { class: "num" }, stamp(a.ended_at)),
+    h("td", { class: "num" }, a.runtime_s == null ? "—" : duration(a.runtime_s)),
+    h("td", { testid: "job-attempt-end" }, a.end_reason || (a.ended_at ? "—" : "running")),
+    h("td", { testid: "job-attempt-recovery" }, r ? r.total_s.toFixed(1) + " s (detect " +
+      r.detection_s.toFixed(1) + " s, queue " + r.queue_s.toFixed(1) + " s, launch " +
+      r.launch_s.toFixed(1) + " s)" : "—"));
+}
+
 function eventRow(e) {
   return h("tr", { testid: "job-event", data: { eventId: e.id, to: e.to_status || "" } },
     h("td", { class: "num" }, clock(e.ts)),
@@ -245,6 +261,10 @@ export class JobView {
         field("runtime", runtime(job))),
       section("Placement", table([{ title: "rank", cls: "num" }, { title: "node" }, { title: "node id" }],
         placement, { testid: "placement-table" })),
+      section("Attempts", table([{ title: "attempt", cls: "num" }, { title: "nodes" },
+        { title: "started", cls: "num" }, { title: "ended", cls: "num" }, { title: "runtime", cls: "num" },
+        { title: "end" }, { title: "recovered in" }],
+      (job.attempts || []).map((a) => attemptRow(a, this.nodeNames)), { testid: "job-attempts" })),
       section("Events", table([{ title: "time", cls: "num" }, { title: "type" }, { title: "transition" },
         { title: "reason" }, { title: "message" }, { title: "actor" }],
       (job.events || []).slice(-200).map(eventRow), { testid: "job-events" })));

@@ -1,0 +1,379 @@
+"""The usage ledger in the state store: lines of ended job attempts, prices, reports.
+
+Invariants: a line is keyed by (job id, attempt), so accounting twice never counts twice;
+the accountant's cursor (the last event id read) moves in the same transaction as the lines
+it writes, so a crash leaves neither a gap nor a double count. Ids of the event log are
+committed in order under SQLite's single writer, which is what lets a cursor be an id.
+Report totals are sums of integer columns: exactly the sum of their lines.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
+from aicluster.core.lifecycle import JobStatus, RequeueCause
+from aicluster.store.db import Store
+from aicluster.store.jobs import AttemptRecord, EventRecord, JobRecord, attempts_of, fields_of
+from aicluster.store.schema import EventRow, JobRow
+from aicluster.store.usage_schema import PriceRow, UsageCursorRow, UsageDailyRow, UsageLineRow
+
+CURSOR = "jobs"
+# Report groupings: the name a caller uses -> the line's column.
+GROUPS = {
+    "team": UsageLineRow.team,
+    "user": UsageLineRow.user,
+    "job": UsageLineRow.job_id,
+    "pool": UsageLineRow.pool,
+    "gpu_model": UsageLineRow.gpu_model,
+    "end_reason": UsageLineRow.end_reason,
+}
+# The groupings the daily sums keep (reports by these over whole days read the sums).
+DAILY_GROUPS = {
+    "team": UsageDailyRow.team,
+    "user": UsageDailyRow.user,
+    "pool": UsageDailyRow.pool,
+    "gpu_model": UsageDailyRow.gpu_model,
+}
+SUMS = ("lines", "run_ms", "gpu_ms", "cpu_ms", "memory_gib_ms", "lost_gpu_ms", "cost_micros")
+DAY = 86400
+# Ends that lose work the job did not choose to lose: attributed in reports as `lost`.
+LOST = tuple(
+    c.value
+    for c in (
+        RequeueCause.PREEMPTED,
+        RequeueCause.NODE_LOST,
+        RequeueCause.NODE_UNHEALTHY,
+        RequeueCause.NODE_DRAINED,
+        RequeueCause.WORKER_LOST,
+    )
+)
+_IN_ATTEMPT = (JobStatus.ADMITTED.value, JobStatus.RUNNING.value)
+
+
+@dataclass(frozen=True)
+class PriceRecord:
+    id: int
+    pool: str | None
+    gpu_model: str | None
+    gpu_hour: float | None
+    cpu_hour: float | None
+    memory_gib_hour: float | None
+    effective_from: float
+    created_at: float
+    actor: str | None
+
+    @classmethod
+    def of(cls, row: PriceRow) -> PriceRecord:
+        return cls(**fields_of(cls, row))
+
+
+@dataclass(frozen=True)
+class UsageLine:
+    id: int
+    job_id: str
+    attempt: int
+    team: str
+    user: str
+    pool: str | None
+    gpu_model: str | None
+    nodes: list
+    workers: int
+    gpus: int
+    cpus: float
+    memory: int
+    admitted_at: float
+    started_at: float | None
+    ended_at: float
+    end_reason: str | None
+    run_ms: int
+    gpu_ms: int
+    cpu_ms: int
+    memory_gib_ms: int
+    gpu_hour: float
+    cpu_hour: float
+    memory_gib_hour: float
+    price_source: str
+    cost_micros: int
+    accounted_at: float
+
+    @classmethod
+    def of(cls, row: UsageLineRow) -> UsageLine:
+        return cls(**fields_of(cls, row))
+
+
+@dataclass(frozen=True)
+class UsageTotal:
+    """The sum of a group of lines (`key` None for the grand total)."""
+
+    key: str | None
+    lines: int
+    run_ms: int
+    gpu_ms: int
+    cpu_ms: int
+    memory_gib_ms: int
+    lost_gpu_ms: int  # of attempts preempted or lost with their node or worker
+    cost_micros: int
+
+
+# make_line(job, attempt, prices) -> the new line's columns (no id, key or accounted_at)
+LineMaker = Callable[[JobRecord, AttemptRecord, list[PriceRecord]], dict]
+
+
+class UsageStore:
+    """Shares the engine, session factory and clock of a `Store`."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._session = store._session
+        self.clock = store.clock
+
+    # -- prices -----------------------------------------------------------------------
+
+    def set_price(
+        self,
+        pool: str | None,
+        gpu_model: str | None,
+        rates: dict[str, float | None],
+        effective_from: float,
+        actor: str | None = None,
+    ) -> PriceRecord:
+        """The rate card of a scope from `effective_from` on; the same scope and time
+        again replaces it."""
+        with self._session.begin() as s:
+            row = s.scalars(
+                select(PriceRow).where(
+                    PriceRow.pool.is_(None) if pool is None else PriceRow.pool == pool,
+                    PriceRow.gpu_model.is_(None)
+                    if gpu_model is None
+                    else PriceRow.gpu_model == gpu_model,
+                    PriceRow.effective_from == effective_from,
+                )
+            ).first() or PriceRow(pool=pool, gpu_model=gpu_model, effective_from=effective_from)
+            for name in ("gpu_hour", "cpu_hour", "memory_gib_hour"):
+                setattr(row, name, rates.get(name))
+            row.created_at, row.actor = self.clock(), actor
+            s.add(row)
+            s.flush()
+            scope = f"pool {pool or '*'}, GPU model {gpu_model or '*'}"
+            set_ = ", ".join(f"{k} {v:g}" for k, v in rates.items() if v is not None)
+            self.store._event(
+                s, "price", str(row.id), None, "PriceSet", message=f"{scope}: {set_}", actor=actor
+            )
+            return PriceRecord.of(row)
+
+    def prices(self) -> list[PriceRecord]:
+        with self._session() as s:
+            return [PriceRecord.of(r) for r in s.scalars(select(PriceRow).order_by(PriceRow.id))]
+
+    # -- accounting -------------------------------------------------------------------
+
+    def cursor(self) -> int:
+        with self._session() as s:
+            row = s.get(UsageCursorRow, CURSOR)
+            return row.event_id if row else 0
+
+    def account(self, make_line: LineMaker, limit: int = 2000) -> int:
+        """Read up to `limit` events after the cursor; write a line for every ended attempt
+        of the jobs whose attempts ended there and that has none yet; move the cursor. One
+        transaction. Returns the number of lines written."""
+        with self._session.begin() as s:
+            cur = s.get(UsageCursorRow, CURSOR)
+            after = cur.event_id if cur is not None else 0
+            rows = s.execute(
+                select(
+                    EventRow.id,
+                    EventRow.kind,
+                    EventRow.object_id,
+                    EventRow.type,
+                    EventRow.from_status,
+                    EventRow.to_status,
+                )
+                .where(EventRow.id > after)
+                .order_by(EventRow.id)
+                .limit(limit)
+            ).all()
+            if not rows:
+                return 0
+            ended = dict.fromkeys(
+                r.object_id
+                for r in rows
+                if r.kind == "job"
+                and r.type == "JobTransition"
+                and r.from_status in _IN_ATTEMPT
+                and r.to_status != JobStatus.RUNNING.value
+            )
+            prices = [PriceRecord.of(p) for p in s.scalars(select(PriceRow))] if ended else []
+            new: list[dict] = []
+            for job_id in ended:
+                self._account_job(s, job_id, make_line, prices, new)
+            self._add_daily(s, new)
+            if cur is None:
+                cur = UsageCursorRow(name=CURSOR)
+                s.add(cur)
+            cur.event_id, cur.updated_at = rows[-1].id, self.clock()
+            return len(new)
+
+    def _account_job(
+        self, s: Session, job_id: str, make_line: LineMaker, prices, new: list[dict]
+    ) -> None:
+        row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
+        if row is None:
+            return
+        done = set(s.scalars(select(UsageLineRow.attempt).where(UsageLineRow.job_id == job_id)))
+        events = s.scalars(
+            select(EventRow)
+            .where(
+                EventRow.kind == "job",
+                EventRow.object_id == job_id,
+                EventRow.type == "JobTransition",
+            )
+            .order_by(EventRow.id)
+        )
+        job = JobRecord.of(row)
+        now = self.clock()
+        for a in attempts_of(EventRecord.of(e) for e in events):
+            if a.ended_at is None or a.attempt in done:
+                continue
+            line = dict(make_line(job, a, prices), job_id=job_id, attempt=a.attempt)
+            s.add(UsageLineRow(accounted_at=now, **line))
+            new.append(line)
+            done.add(a.attempt)
+
+    def _add_daily(self, s: Session, lines: list[dict]) -> None:
+        """Add `lines` to the daily sums (in the transaction that writes them)."""
+        acc: dict[tuple, list[int]] = {}
+        for x in lines:
+            key = (
+                math.floor(x["ended_at"] / DAY),
+                x["team"],
+                x["user"],
+                x["pool"] or "",
+                x["gpu_model"] or "",
+            )
+            lost = x["gpu_ms"] if x["end_reason"] in LOST else 0
+            sums = acc.setdefault(key, [0] * len(SUMS))
+            values = (1, x["run_ms"], x["gpu_ms"], x["cpu_ms"], x["memory_gib_ms"], lost)
+            for i, v in enumerate((*values, x["cost_micros"])):
+                sums[i] += v
+        if not acc:
+            return
+        have = {
+            (r.day, r.team, r.user, r.pool, r.gpu_model): r
+            for r in s.scalars(
+                select(UsageDailyRow).where(
+                    UsageDailyRow.day.in_({k[0] for k in acc}),
+                    UsageDailyRow.team.in_({k[1] for k in acc}),
+                )
+            )
+        }
+        for key, sums in acc.items():
+            row = have.get(key)
+            if row is None:
+                day, team, user, pool, gpu_model = key
+                row = UsageDailyRow(day=day, team=team, user=user, pool=pool, gpu_model=gpu_model)
+                row.lines = row.run_ms = row.gpu_ms = row.cpu_ms = 0
+                row.memory_gib_ms = row.lost_gpu_ms = row.cost_micros = 0
+                s.add(row)
+            for name, v in zip(SUMS, sums, strict=True):
+                setattr(row, name, getattr(row, name) + v)
+
+    # -- reports ----------------------------------------------------------------------
+
+    def _where(self, since: float | None, until: float | None, team: str | None) -> list:
+        where = []
+        if since is not None:
+            where.append(UsageLineRow.ended_at >= since)
+        if until is not None:
+            where.append(UsageLineRow.ended_at < until)
+        if team is not None:
+            where.append(UsageLineRow.team == team)
+        return where
+
+    def totals(
+        self,
+        by: str | None,
+        since: float | None = None,
+        until: float | None = None,
+        team: str | None = None,
+    ) -> list[UsageTotal]:
+        """Sums of the lines that ended in [since, until) (of `team`), one per value of the
+        `by` column (GROUPS), biggest cost first; by None: the grand total alone. Without
+        `until`, whole UTC days come from the daily sums and only the lines of the first,
+        partial day are read; the figures are the same integers either way."""
+        if until is not None or (by is not None and by not in DAILY_GROUPS):
+            return _ordered(_merged(self._line_totals(by, since, until, team), by))
+        first_day = None if since is None else math.ceil(since / DAY)
+        parts = self._daily_totals(by, first_day, team)
+        if since is not None:
+            parts += self._line_totals(by, since, first_day * DAY, team)
+        return _ordered(_merged(parts, by))
+
+    def _line_totals(self, by, since, until, team) -> list[tuple]:
+        lost = case((UsageLineRow.end_reason.in_(LOST), UsageLineRow.gpu_ms), else_=0)
+        L = UsageLineRow
+        cols = (L.run_ms, L.gpu_ms, L.cpu_ms, L.memory_gib_ms, lost, L.cost_micros)
+        return self._grouped(
+            GROUPS.get(by), (func.count(), *map(func.sum, cols)), (self._where(since, until, team))
+        )
+
+    def _daily_totals(self, by, first_day: int | None, team: str | None) -> list[tuple]:
+        D = UsageDailyRow
+        where = [] if first_day is None else [D.day >= first_day]
+        if team is not None:
+            where.append(D.team == team)
+        sums = tuple(func.sum(getattr(D, n)) for n in SUMS)
+        rows = self._grouped(DAILY_GROUPS.get(by), sums, where)
+        if by in ("pool", "gpu_model"):  # stored as '' when there is none
+            rows = [(r[0] or None, *r[1:]) for r in rows]
+        return rows
+
+    def _grouped(self, key, sums: tuple, where: list) -> list[tuple]:
+        """(key, *sums) rows; key None for an ungrouped sum."""
+        q = select(*((key,) if key is not None else ()), *sums).where(*where)
+        if key is not None:
+            q = q.group_by(key)
+        with self._session() as s:
+            rows = s.execute(q).all()
+        return [tuple(r) if key is not None else (None, *r) for r in rows]
+
+    def lines(
+        self,
+        since: float | None = None,
+        until: float | None = None,
+        team: str | None = None,
+        limit: int = 1000,
+        after_id: int = 0,
+    ) -> list[UsageLine]:
+        q = (
+            select(UsageLineRow)
+            .where(UsageLineRow.id > after_id, *self._where(since, until, team))
+            .order_by(UsageLineRow.id)
+            .limit(limit)
+        )
+        with self._session() as s:
+            return [UsageLine.of(r) for r in s.scalars(q)]
+
+    def add_lines(self, lines: Iterable[dict]) -> None:
+        """Write lines as given, with their daily sums (the benchmark's synthetic ledger)."""
+        lines = list(lines)
+        with self._session.begin() as s:
+            s.execute(UsageLineRow.__table__.insert(), lines)
+            self._add_daily(s, lines)
+
+
+def _merged(parts: list[tuple], by: str | None) -> list[UsageTotal]:
+    acc: dict = {} if by is not None else {None: [0] * len(SUMS)}
+    for key, *values in parts:
+        sums = acc.setdefault(key, [0] * len(SUMS))
+        for i, v in enumerate(values):
+            sums[i] += int(v or 0)
+    return [UsageTotal(key, *sums) for key, sums in acc.items()]
+
+
+def _ordered(totals: list[UsageTotal]) -> list[UsageTotal]:
+    return sorted(totals, key=lambda t: (-t.cost_micros, -t.gpu_ms, str(t.key)))

@@ -1,0 +1,98 @@
+"""Tables of the usage ledger: one line per ended job attempt, its daily sums, the prices
+admins set, and the accountant's cursor over the event log.
+
+Quantities are integers so that every total is the exact sum of its lines: milliseconds
+of run time, GPU-, CPU- and memory-GiB-milliseconds, and cost in micro-units of the
+price's currency (micro-USD for the catalog's defaults).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, BigInteger, Float, Index, Integer, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from aicluster.store.schema import Base
+
+
+class UsageLineRow(Base):
+    __tablename__ = "usage_lines"
+    __table_args__ = (
+        UniqueConstraint("job_id", "attempt", name="uq_usage_lines_job_attempt"),
+        Index("ix_usage_lines_team_ended", "team", "ended_at"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(80))
+    attempt: Mapped[int] = mapped_column(Integer)
+    team: Mapped[str] = mapped_column(String(64))
+    user: Mapped[str] = mapped_column(String(64))
+    pool: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    gpu_model: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    nodes: Mapped[list] = mapped_column(JSON)  # node id per rank
+    workers: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[int] = mapped_column(Integer)  # all workers together
+    cpus: Mapped[float] = mapped_column(Float)
+    memory: Mapped[int] = mapped_column(BigInteger)  # bytes
+    admitted_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # None: never ran
+    ended_at: Mapped[float] = mapped_column(Float, index=True)
+    end_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    run_ms: Mapped[int] = mapped_column(BigInteger)
+    gpu_ms: Mapped[int] = mapped_column(BigInteger)
+    cpu_ms: Mapped[int] = mapped_column(BigInteger)
+    memory_gib_ms: Mapped[int] = mapped_column(BigInteger)
+    # The rates in force at the start (per hour) and where they came from: set | catalog | none
+    gpu_hour: Mapped[float] = mapped_column(Float)
+    cpu_hour: Mapped[float] = mapped_column(Float)
+    memory_gib_hour: Mapped[float] = mapped_column(Float)
+    price_source: Mapped[str] = mapped_column(String(16))
+    cost_micros: Mapped[int] = mapped_column(BigInteger)
+    accounted_at: Mapped[float] = mapped_column(Float)
+
+
+class UsageDailyRow(Base):
+    """The lines of a UTC day summed per (team, user, pool, GPU model), written with the
+    lines: reports over whole days read these instead of every line. No pool or GPU model
+    is stored as ''."""
+
+    __tablename__ = "usage_daily"
+    __table_args__ = (
+        UniqueConstraint("day", "team", "user", "pool", "gpu_model", name="uq_usage_daily_key"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    day: Mapped[int] = mapped_column(Integer)  # UNIX days: floor(ended_at / 86400)
+    team: Mapped[str] = mapped_column(String(64))
+    user: Mapped[str] = mapped_column(String(64))
+    pool: Mapped[str] = mapped_column(String(64))
+    gpu_model: Mapped[str] = mapped_column(String(128))
+    lines: Mapped[int] = mapped_column(BigInteger)
+    run_ms: Mapped[int] = mapped_column(BigInteger)
+    gpu_ms: Mapped[int] = mapped_column(BigInteger)
+    cpu_ms: Mapped[int] = mapped_column(BigInteger)
+    memory_gib_ms: Mapped[int] = mapped_column(BigInteger)
+    lost_gpu_ms: Mapped[int] = mapped_column(BigInteger)
+    cost_micros: Mapped[int] = mapped_column(BigInteger)
+
+
+class PriceRow(Base):
+    """A rate card for a scope (pool and/or GPU model; both None: everything) from
+    `effective_from` on; a rate left None falls back to a wider scope."""
+
+    __tablename__ = "prices"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    pool: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    gpu_model: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    gpu_hour: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cpu_hour: Mapped[float | None] = mapped_column(Float, nullable=True)
+    memory_gib_hour: Mapped[float | None] = mapped_column(Float, nullable=True)
+    effective_from: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)
+    actor: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class UsageCursorRow(Base):
+    """How far the accountant has read the event log (the last event id it consumed)."""
+
+    __tablename__ = "usage_cursor"
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    event_id: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[float] = mapped_column(Float)
