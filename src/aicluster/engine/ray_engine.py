@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from aicluster.engine.logsink import start_sink
 from aicluster.engine.protocol import (
     GPU_MODEL_LABEL,
+    MACHINE_LABEL,
     POOL_LABEL,
     LaunchError,
     LaunchRequest,
@@ -129,8 +130,6 @@ class RayEngine:
         """Ray's nodes as incarnations of machines: the machine id is the node's
         MACHINE_LABEL (its Ray node id without one) and names the node,
         `hostname-<machine id[:6]>`, the same across rejoins. Neither id is a user label."""
-        from aicluster.engine.protocol import MACHINE_LABEL
-
         out = []
         for n in ray.nodes():
             res, labels = n.get("Resources", {}), dict(n.get("Labels") or {})
