@@ -4,15 +4,28 @@ Run:  .venv/bin/python bench/scheduler.py                (everything, a few minu
       .venv/bin/python bench/scheduler.py --philly-jobs 5000 --cycle-gangs 2000   (quick look)
 
 Prints:
-1. Tiresias' 60_job.csv on its 16 x 4-GPU spec and on a contended 2 x 4-GPU cluster.
+1. Tiresias' 60_job.csv on its 16 x 4-GPU spec and on a contended 2 x 4-GPU cluster (one
+   shared partition, no quotas), every baseline below but `fifo-wc` (the same as `fifo`
+   there); ratios against `fifo`.
 2. philly.csv, jobs submitted 2017-10-01 .. 2017-11-30 by the 11 VCs of philly_vc.csv
    (the 4 tiny VCs dropped), each VC a team guaranteed 1/4 of its nodes (8 GPUs each:
-   88 nodes, 704 GPUs, racks of 16), one cohort, no borrowing limit. Jobs carry a runtime
-   limit of `--limit-factor` x their duration (only `backfill` reads it).
-   Baselines in the same run: `fifo` (partitioned: each team FCFS within its guarantee, no
-   borrowing) and `fifo-wc`, a work-conserving FIFO: one FCFS queue over the same nodes
-   with no quotas at all (issue 17: most of `fair`'s lead over `fifo` is borrowing, which
-   `fifo-wc` has too). Ratios are against `fifo-wc`.
+   88 nodes, 704 GPUs, racks of 16), one cohort, no borrowing limit. All baselines in one
+   run, ratios against `fifo-wc` (issue 17):
+   - `fifo`: partitioned, each team FCFS within its guarantee, no borrowing;
+   - `fifo-wc`: work-conserving FIFO, one FCFS queue over the same nodes with no quotas
+     (most of `fair`'s lead over `fifo` is borrowing, which `fifo-wc` has too);
+   - `backfill`: `fifo` partitions with EASY backfill (Lifka, "The ANL/IBM SP scheduling
+     system", JSSPP 1995), runtime limit = `--limit-factor` x duration;
+   - `backfill-est`: the same with user estimates after the f-model of Mu'alem &
+     Feitelson (IEEE TPDS 2001): limit = duration x U[1, `--estimate-f`], drawn per job,
+     seeded by `--estimate-seed` (sim.estimates);
+   - `las`: Tiresias' discretised 2D-LAS (Gu et al., NSDI 2019), preemptive, one shared
+     queue without quotas, PromoteKnob-style starvation guard (core.policies.las); it and
+     `srtf-oracle` see every pending gang (no `queue_depth` window, as in the live plane);
+   - `srtf-oracle`: preemptive shortest remaining time first told every job's true
+     remaining time by the simulator, one shared queue without quotas: a bound no real
+     scheduler reaches (sim.oracle);
+   - `fair`: the default policy (guarantees, fair borrowing, preemption, LAS order).
    Per policy: average / median / p99 JCT, average / p99 / max queueing delay, makespan,
    utilisation, preemptions, each with its ratio to the baseline; then each team's share of
    GPU time against its guarantee; fairness across teams (GPUs held / guarantee while a team
@@ -20,7 +33,8 @@ Prints:
    whole replay took.
 3. One planning cycle with `--cycle-gangs` pending gangs on `--cycle-nodes` 8-GPU nodes
    (racks of 32, 100 teams with quotas): admissions and admissions per second.
-The simulator and the policies are the ones the control plane runs (core.scheduler).
+The simulator and the policies are the ones the control plane runs (core.scheduler), but
+`las` and `srtf-oracle`, which are bench-only baselines.
 """
 
 from __future__ import annotations
@@ -46,6 +60,7 @@ from aicluster.core.model import (
     RunningWorkload,
     Snapshot,
 )
+from aicluster.core.policies.las import LasPolicy
 from aicluster.core.scheduler import POLICY_NAMES, get_policy
 from aicluster.sim import (
     SimConfig,
@@ -59,6 +74,7 @@ from aicluster.sim import (
     team_cluster,
 )
 from aicluster.sim.cluster import SimCluster
+from aicluster.sim.oracle import SrtfOracle
 from aicluster.sim.report import fairness
 
 UNITS = {"h": 3600.0, "s": 1.0}
@@ -136,17 +152,34 @@ def fairness_table(reports: dict) -> Table:
     return t
 
 
-def run_policies(jobs, cluster, policies, cfg, work_conserving: bool = False):
-    """Every policy on `cluster`; with `work_conserving`, first `fifo-wc`: fifo on the same
-    nodes without quotas, its fairness measured against the cluster's guarantees."""
+def baseline_runs(cluster: SimCluster, cfg: SimConfig, est: SimConfig, work_conserving: bool):
+    """(label, cluster, policy, config) of every baseline, in table order. `fifo`,
+    `backfill`, `backfill-est` and `fair` run on `cluster` (with its quotas); `fifo-wc`,
+    `las` and `srtf-oracle` are one shared queue: the same nodes without quotas."""
+    shared = SimCluster(cluster.nodes, ())
+    # `las` and `srtf-oracle` rank by something other than arrival, so they see the whole
+    # queue (as the live control plane does): behind the simulator's arrival-ordered window
+    # the gang they preempted for drops out of view once its victims queue again ahead of it
+    whole = replace(cfg, queue_depth=1 << 30)
+    runs = [
+        ("fifo", cluster, "fifo", cfg),
+        ("fifo-wc", shared, "fifo", cfg),
+        ("backfill", cluster, "backfill", cfg),
+        ("backfill-est", cluster, "backfill", est),
+        ("las", shared, LasPolicy(), whole),
+        ("srtf-oracle", shared, SrtfOracle(), whole),
+        ("fair", cluster, "fair", cfg),
+    ]
+    return [r for r in runs if work_conserving or r[0] != "fifo-wc"]
+
+
+def run_policies(jobs, runs, guarantees: dict[str, int]):
+    """Replay `jobs` for each (label, cluster, policy, config) of `runs`; fairness is
+    measured against `guarantees` (team -> GPUs) whatever the run's own quotas."""
     reports, times = {}, {}
-    runs = [(name, cluster, name) for name in policies]
-    if work_conserving:
-        runs.insert(0, ("fifo-wc", SimCluster(cluster.nodes, ()), "fifo"))
-    guarantees = {q.team: q.gpus for q in cluster.quotas}
-    for label, on, name in runs:
+    for label, on, policy, cfg in runs:
         t0, c0 = time.perf_counter(), time.process_time()
-        result = simulate(jobs, on, name, cfg)
+        result = simulate(jobs, on, policy, cfg)
         times[label] = (time.perf_counter() - t0, time.process_time() - c0)
         reports[label] = summarise(result, guarantees)
     return reports, times
@@ -211,19 +244,29 @@ def main() -> None:
     ap.add_argument("--philly-jobs", type=int, default=0, help="only the first N jobs (0: all)")
     ap.add_argument("--scale", type=float, default=0.25)
     ap.add_argument("--limit-factor", type=float, default=2.0)
+    ap.add_argument(
+        "--estimate-f",
+        type=float,
+        default=10.0,
+        help="backfill-est: runtime limit = duration x U[1, f] per job (f-model)",
+    )
+    ap.add_argument("--estimate-seed", type=int, default=0)
     ap.add_argument("--cycle-nodes", type=int, default=1000)
     ap.add_argument("--cycle-gangs", type=int, default=10000)
     ap.add_argument("--skip-philly", action="store_true")
     args = ap.parse_args()
     console = Console(width=200)
     cfg = SimConfig(runtime_limit_factor=args.limit_factor)
+    est = SimConfig(estimate_f=args.estimate_f, estimate_seed=args.estimate_seed)
 
     jobs60 = load_60_job(args.traces / "60_job.csv")
     for nodes, label in (
         (16, "Tiresias spec, 16 x 4 GPUs"),
         (2, "contended, 2 x 4 GPUs"),
     ):
-        reports, times = run_policies(jobs60, shared_cluster(nodes, 4), POLICY_NAMES, cfg)
+        cluster = shared_cluster(nodes, 4)
+        runs = baseline_runs(cluster, cfg, est, work_conserving=False)
+        reports, times = run_policies(jobs60, runs, {})
         title = f"60_job.csv on {label} (one shared partition), times in seconds"
         console.print(policy_table(title, reports, times, unit="s"))
 
@@ -234,10 +277,13 @@ def main() -> None:
         cluster = team_cluster(vcs, args.scale)
         title = (
             f"philly.csv Oct-Nov 2017: {len(jobs):,} jobs, {len(vcs)} teams at {args.scale:g} "
-            f"of their VC size ({cluster.gpus} GPUs), runtime limit = {args.limit_factor:g} x duration, "
-            "times in hours"
+            f"of their VC size ({cluster.gpus} GPUs), runtime limit = {args.limit_factor:g} x "
+            f"duration (backfill-est: x U[1, {args.estimate_f:g}] per job, seed "
+            f"{args.estimate_seed}), times in hours"
         )
-        reports, times = run_policies(jobs, cluster, POLICY_NAMES, cfg, work_conserving=True)
+        runs = baseline_runs(cluster, cfg, est, work_conserving=True)
+        guarantees = {q.team: q.gpus for q in cluster.quotas}
+        reports, times = run_policies(jobs, runs, guarantees)
         console.print(policy_table(title, reports, times, base="fifo-wc"))
         console.print(share_table(reports))
         console.print(fairness_table(reports))

@@ -40,6 +40,7 @@ from aicluster.core.model import (
 from aicluster.core.policies.base import Policy
 from aicluster.core.scheduler import get_policy
 from aicluster.sim.cluster import SimCluster
+from aicluster.sim.estimates import estimate_factor
 from aicluster.sim.traces import TraceJob
 
 
@@ -50,6 +51,10 @@ class SimConfig:
     queue_depth: int = 32
     min_interval_s: float = 0.0  # a cycle at most this often (0: after every event batch)
     runtime_limit_factor: float | None = None  # runtime limit = duration x factor
+    # runtime limit = duration x u, u ~ Uniform[1, estimate_f] per job, seeded (sim.estimates,
+    # after Mu'alem & Feitelson's f-model); when set, it replaces runtime_limit_factor
+    estimate_f: float | None = None
+    estimate_seed: int = 0
 
 
 @dataclass
@@ -98,9 +103,14 @@ class _Sim:
 
     def _gang(self, j: TraceJob) -> GangRequest:
         workers, per = j.shape(self.node_gpus)
-        limit = (
-            j.duration * self.cfg.runtime_limit_factor if self.cfg.runtime_limit_factor else None
-        )
+        if self.cfg.estimate_f is not None:
+            limit = j.duration * estimate_factor(
+                j.job_id, self.cfg.estimate_f, self.cfg.estimate_seed
+            )
+        elif self.cfg.runtime_limit_factor:
+            limit = j.duration * self.cfg.runtime_limit_factor
+        else:
+            limit = None
         return GangRequest(
             workload_id=j.job_id,
             team=j.team,
@@ -110,6 +120,16 @@ class _Sim:
             submitted_at=j.submit,
             runtime_limit=limit,
         )
+
+    def true_remaining(self, workload_id: str, clock: float) -> float:
+        """Seconds of running `workload_id` still needs at `clock` (restore included): what
+        only an oracle knows; given to a policy that asks for it (see `simulate`)."""
+        rec = self.records[self.index[workload_id]]
+        left = rec.remaining + (self.cfg.restore_s if rec.resume else 0.0)
+        run = self.running.get(workload_id)
+        if run is not None:
+            left -= clock - run[0].started_at
+        return max(0.0, left)
 
     # -- queue ----------------------------------------------------------------------
 
@@ -274,9 +294,15 @@ def simulate(
     policy: str | Policy = "fair",
     config: SimConfig | None = None,
 ) -> SimResult:
-    """Replay `jobs` on `cluster` under `policy`; every job ends finished or rejected."""
+    """Replay `jobs` on `cluster` under `policy`; every job ends finished or rejected.
+    A policy with a `with_oracle(remaining)` method (a bench-only oracle such as
+    `sim.oracle.SrtfOracle`) is given `remaining(workload_id, clock)`, the true seconds
+    of running each job still needs; other policies see only what the control plane has."""
     p = get_policy(policy)
     sim = _Sim(jobs, cluster, p, config or SimConfig())
+    with_oracle = getattr(p, "with_oracle", None)
+    if callable(with_oracle):
+        sim.policy = p = with_oracle(sim.true_remaining)
     sim.run()
     unfinished = sum(1 for r in sim.records if r.finish is None and r.rejected is None)
     queued = {t: (v[0], v[1]) for t, v in sim.queued.items()}
