@@ -33,7 +33,8 @@ SHARED/<job id>.r<rank>.log: that file is the ground truth of what ran and when.
 
 Chaos: every --kill-every s one worker machine (round robin) dies: every process of its
 installation (`engine.raynode.installation_processes`: its Ray temp dir or token path in
-their environment, and every descendant, the sandboxed job processes) is SIGKILLed at once. --rejoin-after s later the same machine (same home) runs
+their environment, and every descendant, the sandboxed job processes) is SIGKILLed at
+once. --rejoin-after s later the same machine (same home) runs
 `aicluster join` again. --cycles times. Then the run waits for every job to end (bounded by
 --deadline), reads every attempt's log through the API, and `aicluster down`s everything.
 
@@ -51,8 +52,10 @@ At the end:
             in the shared files overlap)
   lines lost: lines in the shared files missing from the logs of all the job's attempts as the
             API serves them (`aicluster logs`), printed 25 ms or more before a kill; the lines
-            printed less than 25 ms before their machine was SIGKILLed ("in flight": still in
-            its pipe or network stack) are counted apart, as no platform can save them
+            printed less than 25 ms before their machine was SIGKILLed, or while it was being
+            killed (after its first process died: the SIGKILLs of one machine are sent one
+            by one), are "in flight" (still in its pipe or network stack) and counted apart,
+            as no platform can save them; every lost line is printed with its age
   nodes: rows of GET /v1/nodes against the machines alive (live installations)
   baselines measured in the same run: recovery time (kill -> RUNNING again) over the node's
             death detection time (kill -> down), the floor it cannot beat; and job wall time
@@ -214,11 +217,15 @@ class Results:
     failed: dict[str, str]
     stuck: list[str]
     run_twice: list[str]
+    join_retries: int  # rejoins tried twice (the first failed on a loaded machine)
     lines_lost: dict[str, int]  # job id -> lines missing from its logs (only jobs with some)
     lines_total: int
-    # job id -> lines missing that were printed less than IN_FLIGHT_S before a kill: still
-    # in the dying machine's pipe or network stack, a loss no platform can prevent
+    # job id -> lines missing that were printed less than IN_FLIGHT_S before their
+    # machine's kill, or while it died: still in its pipe or network stack, a loss no
+    # platform can prevent
     lines_in_flight: dict[str, int]
+    lost_lines: list  # (job, line, seconds before its machine's kill or None) of lines lost
+    in_flight_lines: list  # the same, of the lines in flight
     node_rows: list[dict]  # {machine, node_id, alive, state}
     machines_alive: list[str]
     nodes_ok: bool
@@ -351,6 +358,7 @@ class Chaos:
         self.url = ""
         self.job_ids: list[str] = []
         self.kills: list[Kill] = []
+        self.join_retries = 0  # joins that failed once and were tried again
 
     # -- time
 
@@ -397,19 +405,30 @@ class Chaos:
         self.poller.start()
 
     def join(self, m: Machine) -> float:
-        """`aicluster join` from the machine's home; returns when its node is alive."""
-        log(f"{m.name}: aicluster join")
-        cli(
-            m.home,
-            "join",
-            self.ray_address,
-            "--ray-token-file",
-            str(self.head.home / "ray" / "auth_token"),
-            "--num-cpus",
-            str(self.cfg.worker_cpus),
-            "--label",
-            f"machine={m.name}",
-        )
+        """`aicluster join` from the machine's home; returns when its node is alive. A join
+        that fails (on a loaded machine Ray's raylet may not register within its start-up
+        timeout) is tried once more after its leftovers are killed, as an operator would."""
+        for attempt in (1, 2):
+            log(f"{m.name}: aicluster join" + (" (again)" if attempt > 1 else ""))
+            try:
+                cli(
+                    m.home,
+                    "join",
+                    self.ray_address,
+                    "--ray-token-file",
+                    str(self.head.home / "ray" / "auth_token"),
+                    "--num-cpus",
+                    str(self.cfg.worker_cpus),
+                    "--label",
+                    f"machine={m.name}",
+                )
+                break
+            except BenchError as exc:
+                if attempt > 1:
+                    raise
+                log(f"{m.name}: join failed ({str(exc).splitlines()[-1][:120]}); killing leftovers")
+                self.join_retries += 1
+                kill_machine(m.home)
         m.alive = True
         while True:
             if any(node_machine(n) == m.name and n["alive"] for n in self.admin.nodes()):
@@ -525,13 +544,14 @@ def shared_lines(shared: Path, job_id: str, rank: int) -> list[str]:
 IN_FLIGHT_S = 0.025
 
 
-def in_flight(line: str, kills: list[float]) -> bool:
-    """True when the (step) line was printed less than IN_FLIGHT_S before a kill."""
+def age_at_kill(line: str, job: str, killed: dict[tuple[str, int], float]) -> float | None:
+    """How long before its machine's SIGKILL the (step) line was printed (negative: while
+    the machine was being killed, after its first process died); None when the attempt
+    that printed it was never hit by a kill. `killed`: (job, attempt) -> kill time."""
     m = LINE_RE.match(line)
-    if not m:
-        return False
-    t = float(m[2])
-    return any(0 <= k - t < IN_FLIGHT_S for k in kills)
+    if not m or (job, attempt_no(m[3])) not in killed:
+        return None
+    return killed[(job, attempt_no(m[3]))] - float(m[2])
 
 
 def steps_of(lines: list[str]) -> list[tuple[int, float, str]]:
@@ -642,7 +662,9 @@ def analyse(ch: Chaos) -> Results:
     # per job
     summary, succeeded, failed, stuck, twice, lost, flying = {}, [], {}, [], [], {}, {}
     lines_total = 0
-    kill_times = [k.t_kill for k in ch.kills]
+    killed = {(a.job, a.attempt): k.t_kill for k in ch.kills for a in k.affected}
+    lost_lines: list[tuple[str, str, float | None]] = []  # (job, line, age at the kill)
+    flying_lines: list[tuple[str, str, float | None]] = []
     for jid, j in jobs.items():
         status = j["status"]
         if status == "SUCCEEDED":
@@ -661,9 +683,16 @@ def analyse(ch: Chaos) -> Results:
             for a in range(1, (j.get("attempt") or 0) + 1):
                 served.update(read_log(admin, jid, r, a).splitlines())
             lines_total += len(rl)
-            gone = [x for x in rl if x not in served]
-            late += sum(1 for x in gone if in_flight(x, kill_times))
-            missing += len(gone)
+            for x in rl:
+                if x in served:
+                    continue
+                age = age_at_kill(x, jid, killed)
+                missing += 1
+                if age is not None and age < IN_FLIGHT_S:
+                    late += 1
+                    flying_lines.append((jid, x, age))
+                else:
+                    lost_lines.append((jid, x, age))
         if late:
             flying[jid] = late
             missing -= late
@@ -731,7 +760,8 @@ def analyse(ch: Chaos) -> Results:
         "0 lines lost": {
             "ok": not lost,
             "text": f"{sum(lost.values())} of {lines_total} lines lost in {len(lost)} job(s); "
-            f"{sum(flying.values())} printed < {IN_FLIGHT_S * 1000:g} ms before a kill",
+            f"{sum(flying.values())} in flight (printed < {IN_FLIGHT_S * 1000:g} ms before "
+            "its machine's kill, or while it died)",
         },
         "node list = live machines + dead now": {
             "ok": nodes_ok,
@@ -751,9 +781,12 @@ def analyse(ch: Chaos) -> Results:
         failed=failed,
         stuck=stuck,
         run_twice=twice,
+        join_retries=ch.join_retries,
         lines_lost=lost,
         lines_total=lines_total,
         lines_in_flight=flying,
+        lost_lines=lost_lines,
+        in_flight_lines=flying_lines,
         node_rows=rows,
         machines_alive=alive,
         nodes_ok=nodes_ok,
@@ -859,7 +892,8 @@ def report(res: Results) -> None:
     )
     print(
         f"\njobs: {len(res.succeeded)} succeeded, {len(res.failed)} failed, "
-        f"{len(res.stuck)} stuck, {len(res.run_twice)} run twice"
+        f"{len(res.stuck)} stuck, {len(res.run_twice)} run twice; "
+        f"rejoins tried twice: {res.join_retries}"
     )
     for jid, why in sorted(res.failed.items()):
         print(f"  failed {jid}: {why}")
@@ -871,8 +905,17 @@ def report(res: Results) -> None:
         f"lines lost: {sum(res.lines_lost.values())} of {res.lines_total} "
         f"({len(res.lines_lost)} jobs)"
         + "".join(f"\n  {j}: {n}" for j, n in sorted(res.lines_lost.items()))
-        + f"; in flight (printed < {IN_FLIGHT_S * 1000:g} ms before a kill, not counted): "
-        f"{sum(res.lines_in_flight.values())}"
+        + f"; in flight (printed < {IN_FLIGHT_S * 1000:g} ms before its machine's kill, or "
+        f"while it died; not counted): {sum(res.lines_in_flight.values())}"
+        + "".join(
+            f"\n  lost {j}: {line!r}"
+            + (f" ({age * 1000:.0f} ms before the kill)" if age is not None else "")
+            for j, line, age in res.lost_lines[:20]
+        )
+        + "".join(
+            f"\n  in flight {j}: {line!r} ({age * 1000:.0f} ms before the kill)"
+            for j, line, age in res.in_flight_lines[:20]
+        )
     )
     alive_rows = sum(r["alive"] for r in res.node_rows)
     print(
