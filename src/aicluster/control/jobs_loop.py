@@ -224,7 +224,11 @@ class Controller:
         if self.artifacts is None or attempt.ended_at is None:
             return None
         name = f"{job.name}-ckpt"  # runtime.checkpoint.artifact_name
-        versions = self.artifacts.artifacts.index.versions(job.team, name)
+        try:
+            versions = self.artifacts.artifacts.index.versions(job.team, name)
+        except Exception:  # the replay estimate must never hold a job back
+            log.exception("reading the checkpoints of %s", job.id)
+            return None
         return newest_checkpoint(versions, attempt.interrupted_at or attempt.ended_at)
 
     def _reconcile_running(self, job: JobRecord) -> None:
