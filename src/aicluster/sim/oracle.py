@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from aicluster.core.model import Decision, Snapshot, WaitKind
 from aicluster.core.policies.base import Cycle
 from aicluster.core.policies.las import RankedPreemptor, shared_rule, try_admit
+from aicluster.core.policies.preemption import preemption_shape
 
 Remaining = Callable[[str, float], float]
 
@@ -71,15 +72,7 @@ class SrtfOracle:
                 continue
             if self.preemption:  # (a full pool without quotas refuses as "quota")
                 for pool in c.pools_for(g):
-                    shape = (
-                        pool,
-                        g.team,
-                        g.priority,
-                        g.workers,
-                        g.per_worker,
-                        g.gpu_model,
-                        g.locality,
-                    )
+                    shape = preemption_shape(g, pool, g.priority)
                     if pool not in c.index.pools or mine >= failed.get(shape, float("inf")):
                         continue
                     victims = [

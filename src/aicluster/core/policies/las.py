@@ -52,6 +52,7 @@ from aicluster.core.model import (
     WaitKind,
 )
 from aicluster.core.policies.base import Cycle, QuotaRule, Refusal
+from aicluster.core.policies.preemption import preemption_shape
 
 VictimWhy = Callable[[RunningWorkload], str]
 
@@ -225,7 +226,7 @@ class LasPolicy:
         """Preempt gangs of lower queues for `g` in the first pool where that suffices."""
         rank = (g.priority, -level)
         for pool in c.pools_for(g):
-            shape = (pool, g.team, rank, g.workers, g.per_worker, g.gpu_model, g.locality)
+            shape = preemption_shape(g, pool, rank)
             if pool not in c.index.pools or shape in failed:
                 continue
             victims = [e[-1] for e in running if e[:2] < rank]

@@ -36,6 +36,12 @@ def _eligible(c: Cycle, g: GangRequest, r: RunningWorkload, gone: set[str]) -> b
     return c.book.is_borrowing(r.gang.team, r.pool)
 
 
+def preemption_shape(g: GangRequest, pool: str, rank) -> tuple:
+    """What decides whether preempting for `g` in `pool` can succeed: gangs of the same
+    shape and `rank` (its priority, or a policy's own rank) find the same victims."""
+    return (pool, g.team, rank, g.workers, g.per_worker, g.gpu_model, g.locality)
+
+
 class Reclaimer:
     """Chooses victims across one cycle (remembers who is already going)."""
 
@@ -46,15 +52,7 @@ class Reclaimer:
 
     def reclaim(self, g: GangRequest, pool: str) -> int:
         """Preempt for `g` in `pool`; the number of victims (0: not possible now)."""
-        shape = (
-            pool,
-            g.team,
-            g.priority,
-            g.workers,
-            g.per_worker,
-            g.gpu_model,
-            g.locality,
-        )
+        shape = preemption_shape(g, pool, g.priority)
         if shape in self.failed:
             return 0
         c = self.c
