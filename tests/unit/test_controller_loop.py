@@ -263,6 +263,37 @@ def test_a_new_controller_adopts_a_gang_its_predecessor_launched(world):
     assert world.job(job_id).requeue_cause is None
 
 
+class _Died(BaseException):
+    """The control plane's process ending at this very point (kill -9)."""
+
+
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_a_control_plane_killed_while_stopping_a_finished_gang_leaves_the_job_ended(
+    world, exit_code
+):
+    job_id = world.submit(workers=2, resources={"gpus": 2}, max_restarts=2)
+    world.run(job_id)
+    world.engine.exit(job_id, exit_code)
+    stop = world.engine.stop
+
+    def stop_then_die(*args, **kw):  # the workers are gone, then so is the control plane
+        stop(*args, **kw)
+        raise _Died()
+
+    world.engine.stop = stop_then_die
+    with pytest.raises(_Died):
+        world.tick()
+    world.engine.stop = stop
+    world.ctrl = world.controller()
+    for _ in range(3):
+        world.clock.advance(NODE_DEATH_GRACE_S + 1)
+        world.tick()
+    job = world.job(job_id)
+    want = JobStatus.SUCCEEDED if exit_code == 0 else JobStatus.FAILED
+    assert (job.status, job.exit_code, job.restarts) == (want, exit_code, 0), job.message
+    assert len(world.engine.launched) == 1, "it ran once: a finished job is never retried"
+
+
 def test_a_launch_its_predecessor_left_unstarted_is_redone_control_plane_restarted(world):
     job_id = world.submit()
     world.engine.hold(job_id)  # the gang is launched, but its workers never come up

@@ -260,15 +260,18 @@ class Controller:
             message = f"rank {lost[0].rank}: {where}"
             self._end_attempt(job, reason, message, interrupted_at=interrupted_at)
         elif failed:
+            # The outcome is recorded before the gang is stopped: a control plane killed
+            # in between finds the job ended (collect_garbage stops its gang), never a
+            # RUNNING job whose workers vanished, which it would retry or misname.
             first = failed[0]
-            self.engine.stop(job.id, job.attempt, len(states))
-            self.pull_logs(job)
             self._fail(
                 job,
                 Reason.EXIT_CODE,
                 f"rank {first.rank} exited with code {first.exit_code}",
                 exit_code=first.exit_code,
             )
+            self.engine.stop(job.id, job.attempt, len(states))
+            self.pull_logs(job)
         elif states and all(s.exit_code == 0 for s in states):
             try:
                 produced = self._push_outputs(job)
@@ -276,11 +279,10 @@ class Controller:
                 self.engine.stop(job.id, job.attempt, len(states))
                 self._fail(job, Reason.OUTPUT_FAILED, f"{type(exc).__name__}: {exc}")
                 return
-            self.engine.stop(job.id, job.attempt, len(states))
             message = "all workers exited 0" + (
                 f"; produced {', '.join(produced)}" if produced else ""
             )
-            if self.store.transition(
+            if self.store.transition(  # first, as for a failure above
                 job.id,
                 JobStatus.RUNNING,
                 JobStatus.SUCCEEDED,
@@ -291,6 +293,7 @@ class Controller:
                 log_decision(
                     decisions, "job_succeeded", job=job.id, team=job.team, attempt=job.attempt
                 )
+            self.engine.stop(job.id, job.attempt, len(states))
 
     def _push_outputs(self, job: JobRecord) -> list[str]:
         """Push rank 0's outputs as new artifact versions: the control plane opens the
