@@ -18,6 +18,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from aicluster.engine.logsink import start_sink
+from aicluster.engine.prestart import PER_NODE, Prestarter, raylet_prestart
 from aicluster.engine.protocol import (
     GPU_MODEL_LABEL,
     MACHINE_LABEL,
@@ -95,9 +96,11 @@ class RayEngine:
         call_timeout: float = 10.0,
         launch_timeout: float = 60.0,
         sandbox_for=None,
+        warm_workers: int = PER_NODE,
     ):
         """`sandbox_for(team) -> dict | None`: the SandboxPolicy (runtime.sandbox) that the
-        team's workloads run under on every node; None runs them unsandboxed."""
+        team's workloads run under on every node; None runs them unsandboxed.
+        `warm_workers`: idle Ray workers kept started on every node (engine.prestart)."""
         if not ray.is_initialized():
             ray.init(
                 address=address,
@@ -110,6 +113,16 @@ class RayEngine:
         self.launch_timeout = launch_timeout
         self.sandbox_for = sandbox_for or (lambda _team: None)
         self.sink = self._start_sink()
+        self.prestarter = self._start_prestarter(warm_workers)
+
+    @staticmethod
+    def _start_prestarter(per_node: int) -> Prestarter | None:
+        try:
+            send = raylet_prestart(ray.get_runtime_context().get_job_id())
+        except Exception:  # noqa: BLE001 - an optimisation; launches work without it
+            log.warning("no warm workers: every actor starts a fresh interpreter")
+            return None
+        return Prestarter(send, per_node)
 
     def _start_sink(self):
         """The cluster's log sink, pinned to this driver's node (a worker node that dies
@@ -130,7 +143,7 @@ class RayEngine:
         """Ray's nodes as incarnations of machines: the machine id is the node's
         MACHINE_LABEL (its Ray node id without one) and names the node,
         `hostname-<machine id[:6]>`, the same across rejoins. Neither id is a user label."""
-        out = []
+        out, raylets = [], []
         for n in ray.nodes():
             res, labels = n.get("Resources", {}), dict(n.get("Labels") or {})
             labels.pop("ray.io/node-id", None)
@@ -152,6 +165,10 @@ class RayEngine:
                     is_head="node:__internal_head__" in res,
                 )
             )
+            if n.get("Alive") and res.get("CPU"):
+                raylets.append((n["NodeID"], n.get("NodeManagerAddress"), n.get("NodeManagerPort")))
+        if self.prestarter is not None:
+            self.prestarter.seen(raylets)
         return out
 
     # -- gangs --------------------------------------------------------------------
@@ -220,6 +237,8 @@ class RayEngine:
                     )
                 )
             ray.get(starts, timeout=self.launch_timeout)
+            if self.prestarter is not None:
+                self.prestarter.used([w["node_id"] for w in where])
             return master_addr, master_port
         except LaunchError:
             self.stop(req.job_id, req.attempt, len(req.placement))
