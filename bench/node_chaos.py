@@ -17,8 +17,8 @@ Tests: tests/e2e/test_node_chaos.py imports `run_chaos(ChaosConfig(...)) -> Resu
 Setup, all on loopback, every machine its own installation (its own temp AICLUSTER_HOME):
 the head is `aicluster up --head --num-cpus 0 --shared-path SHARED --label machine=head`
 (no CPUs, so every job runs on a worker machine; `up` configures Ray's health checks so a
-killed node is declared dead in ~4 s; here, on one box, its closed connections give it away
-in ~1-3 s); each worker machine is
+killed node is declared dead in ~1.5 s when its connections are refused, as here on one box,
+and in ~4.5 s when its packets are dropped; see engine.raynode.NODE_DEATH_DETECTION); each worker machine is
 `aicluster join RAY_ADDRESS --ray-token-file HEAD/ray/auth_token --num-cpus N
 --label machine=wK`. The `machine` label is how a node row is matched to its machine.
 

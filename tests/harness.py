@@ -14,6 +14,7 @@ from pathlib import Path
 
 from aicluster.client.api import Client
 from aicluster.engine.protocol import GPU_MODEL_LABEL, POOL_LABEL
+from aicluster.engine.raynode import NODE_DEATH_DETECTION
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
@@ -35,11 +36,7 @@ def wait_for(cond, timeout: float = 60.0, interval: float = 0.1, what: str = "co
 
 
 # Ray declares a killed node dead after ~1.5 s instead of ~14 s (see shared/RAY-NOTES.md).
-FAST_NODE_DEATH = {
-    "health_check_period_ms": 500,
-    "health_check_failure_threshold": 3,
-    "health_check_timeout_ms": 1000,
-}
+FAST_NODE_DEATH = NODE_DEATH_DETECTION  # what `aicluster up` configures
 COMMON_NODE_ARGS = dict(node_ip_address="127.0.0.1", include_dashboard=False)
 
 
