@@ -43,7 +43,17 @@ $(CHROMIUM):
 	  || echo "could not install chromium: the dashboard test will be skipped"; \
 	else echo "no apt-get: install Chromium at $(CHROMIUM) or the dashboard test is skipped"; fi
 
-test: install $(CHROMIUM) lint
+# The state-store tests start a real PostgreSQL 15 (Debian's) in a temporary folder.
+PG_INITDB := /usr/lib/postgresql/15/bin/initdb
+
+$(PG_INITDB):
+	@if command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	  ($$SUDO apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql-15 \
+	  || echo "could not install postgresql-15: the PostgreSQL cases of the store tests will be skipped"; \
+	else echo "no apt-get: install PostgreSQL 15 at $(dir $(PG_INITDB)) or its store tests are skipped"; fi
+
+test: install $(CHROMIUM) $(PG_INITDB) lint
 	$(BIN)/python -m pytest -q
 
 # ruff (lint and format) and import-linter (the layers of DESIGN.md); part of `make test`.

@@ -74,3 +74,7 @@ def admin(control_plane):
 @pytest.fixture(scope="session")
 def gpu_nodes(admin):
     return {n["node_id"]: n for n in admin.nodes() if n["pool"] == "gpu" and n["alive"]}
+
+
+# A real PostgreSQL for the state-store tests (pg_server, pg_url, state_url).
+pytest_plugins = ["pgserver"]

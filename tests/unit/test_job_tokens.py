@@ -28,8 +28,8 @@ def clock():
 
 
 @pytest.fixture
-def store(tmp_path, clock):
-    st = open_store(tmp_path / "s.db", clock=clock)
+def store(state_url, clock):
+    st = open_store(state_url, clock=clock)  # SQLite and PostgreSQL (tests/pgserver.py)
     st.create_team("ml")
     st.create_team("cv")
     st.create_user("root-ish", None, "admin")

@@ -1,19 +1,22 @@
-"""The SQLite state store: teams, users, tokens, jobs with compare-and-set
-transitions, and the event log. Real SQLite files under tmp_path, a fake clock."""
+"""The state store: teams, users, tokens, jobs with compare-and-set transitions, and the
+event log. Every test runs on a real SQLite file under tmp_path and on a real PostgreSQL
+database (tests/pgserver.py), with a fake clock."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import sqlite3
+from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, inspect, text
 
 from aicluster.core.lifecycle import IllegalTransition, JobStatus, Reason, RequeueCause
 from aicluster.core.model import WaitKind
 from aicluster.specs import load_spec_text
 from aicluster.specs.job import JobSpec
 from aicluster.store import open_store
+from aicluster.store.db import state_url as resolve_url
 from aicluster.store.errors import Conflict, NotFound
 from aicluster.store.identity import Principal
 
@@ -41,8 +44,9 @@ def clock():
 
 
 @pytest.fixture
-def db_path(tmp_path):
-    return tmp_path / "s.db"
+def db_path(state_url):
+    """The store's location: a SQLite file's URL or a PostgreSQL database's."""
+    return state_url
 
 
 @pytest.fixture
@@ -65,12 +69,27 @@ def spec(name="train", team="ml", workers=2, priority=0) -> JobSpec:
     return load_spec_text(text)
 
 
-def raw_rows(db_path, table):
-    con = sqlite3.connect(db_path)
+def sql(db_path, statement: str, **params) -> list:
+    """Run one statement on the store's database from outside the store (its rows)."""
+    engine = create_engine(resolve_url(db_path))
     try:
-        return con.execute(f"SELECT * FROM {table}").fetchall()
+        with engine.begin() as con:
+            res = con.execute(text(statement), params)
+            return res.fetchall() if res.returns_rows else []
     finally:
-        con.close()
+        engine.dispose()
+
+
+def raw_rows(db_path, table):
+    return sql(db_path, f"SELECT * FROM {table}")
+
+
+def table_names(db_path) -> list[str]:
+    engine = create_engine(resolve_url(db_path))
+    try:
+        return inspect(engine).get_table_names()
+    finally:
+        engine.dispose()
 
 
 # -- teams and users ---------------------------------------------------------------
@@ -151,19 +170,15 @@ def test_only_the_sha256_digest_is_stored(ml, db_path):
     assert len(rows) == 1
     expected = hashlib.sha256(token.encode()).hexdigest()
     assert expected in rows[0]
-    con = sqlite3.connect(db_path)
-    try:
-        names = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-    finally:
-        con.close()
+    names = table_names(db_path)
     assert "tokens" in names
     for table in names:
         for row in raw_rows(db_path, table):
             for cell in row:
                 assert token not in str(cell), (table, row)
-    # Nor anywhere in the bytes SQLite wrote (main file and write-ahead log).
-    for f in db_path.parent.iterdir():
-        assert token.encode() not in f.read_bytes(), f.name
+    if db_path.startswith("sqlite"):  # nor in the bytes SQLite wrote (file and its log)
+        for f in Path(db_path.split("///", 1)[1]).parent.iterdir():
+            assert token.encode() not in f.read_bytes(), f.name
 
 
 def test_bad_tokens_do_not_authenticate(ml):
@@ -178,13 +193,12 @@ def test_bad_tokens_do_not_authenticate(ml):
 def test_revoked_token_does_not_authenticate(ml, db_path):
     # The store has no revoke call yet; flip the column the way one would.
     keep, drop = ml.create_token("ann"), ml.create_token("ann")
-    con = sqlite3.connect(db_path)
-    with con:
-        con.execute(
-            "UPDATE tokens SET revoked = 1 WHERE digest = ?",
-            (hashlib.sha256(drop.encode()).hexdigest(),),
-        )
-    con.close()
+    sql(
+        db_path,
+        "UPDATE tokens SET revoked = :yes WHERE digest = :digest",
+        yes=True,
+        digest=hashlib.sha256(drop.encode()).hexdigest(),
+    )
     assert ml.authenticate(drop) is None
     assert ml.authenticate(keep) == Principal("ann", "ml", "member")
 
@@ -236,24 +250,15 @@ def test_the_spec_is_stored_as_json_and_read_back_typed(ml, db_path):
     assert isinstance(job.spec, JobSpec) and job.spec == s
     assert job.spec.resources.gpus == 2 and job.spec.resources.memory == 2**30
     assert job.spec.outputs[0].kind == "model"
-    con = sqlite3.connect(db_path)
-    try:
-        (column,) = con.execute("SELECT spec FROM jobs WHERE id = ?", (job.id,)).fetchone()
-    finally:
-        con.close()
-    assert json.loads(column) == s.model_dump(mode="json")
+    ((column,),) = sql(db_path, "SELECT spec FROM jobs WHERE id = :id", id=job.id)
+    assert (json.loads(column) if isinstance(column, str) else column) == s.model_dump(mode="json")
 
 
 def test_a_spec_written_before_reads_back_with_its_defaults(ml, db_path):
     """A row whose JSON lacks fields with defaults (written by an older control plane)."""
     job = ml.create_job(spec(), "ann")
-    con = sqlite3.connect(db_path)
-    try:
-        old = {"kind": "job", "name": "train", "team": "ml", "workers": 2, "command": "x"}
-        con.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(old), job.id))
-        con.commit()
-    finally:
-        con.close()
+    old = {"kind": "job", "name": "train", "team": "ml", "workers": 2, "command": "x"}
+    sql(db_path, "UPDATE jobs SET spec = :spec WHERE id = :id", spec=json.dumps(old), id=job.id)
     back = ml.get_job(job.id).spec
     assert back.workers == 2 and back.max_restarts == 0 and back.resources.cpus == 1.0
     assert back.inputs == [] and back.outputs == [] and back.max_pending_seconds is None
@@ -537,16 +542,16 @@ def test_state_survives_reopening_the_file(db_path, clock):
         second.close()
 
 
-def test_migrations_match_the_models(tmp_path):
+def test_migrations_match_the_models(db_path):
     """The Alembic revisions build exactly the schema the ORM models describe."""
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
 
     from aicluster.store.schema import Base
 
-    store = open_store(tmp_path / "m.db")
+    store = open_store(db_path)
     with store.engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     assert diff == []
     store.close()
-    open_store(tmp_path / "m.db").close()  # a second open finds it current
+    open_store(db_path).close()  # a second open finds it current

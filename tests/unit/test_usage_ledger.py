@@ -11,10 +11,11 @@ from aicluster.control.usage import Accountant, GpuCatalog, UsageOps, parse_sinc
 from aicluster.core.lifecycle import JobStatus as S
 from aicluster.core.lifecycle import Reason, RequeueCause
 from aicluster.specs.job import JobSpec
+from aicluster.store import open_store
 from aicluster.store.identity import Principal
 from aicluster.store.usage import UsageStore
 
-from fakes import FakeClock, node, open_test_store
+from fakes import FakeClock, node
 
 GiB = 2**30
 NODES = [
@@ -25,9 +26,13 @@ NODES = [
 
 
 @pytest.fixture
-def env(tmp_path, store_template):
+def env(state_url):
+    """SQLite and PostgreSQL (tests/pgserver.py): teams a and b, an admin."""
     clock = FakeClock()
-    store = open_test_store(tmp_path, clock, teams=("a", "b"), template=store_template)
+    store = open_store(state_url, clock=clock)
+    for team in ("a", "b"):
+        store.create_team(team)
+    store.create_user("admin", None, "admin")
     usage = UsageStore(store)
     acct = Accountant(usage, nodes=lambda: NODES, clock=clock, every_s=0)
     yield store, usage, acct, clock

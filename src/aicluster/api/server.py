@@ -64,6 +64,7 @@ class ControlPlane:
         policy: str = "fair",
         shared_paths: list[Path] = (),
         retire_down_after_s: float | None = 600.0,
+        state: str | None = None,
     ):
         apply_ray_env(home, loopback=ray_address.startswith("127."))
         from aicluster.api.app import create_app
@@ -94,7 +95,7 @@ class ControlPlane:
         from aicluster.web.routes import web_router
 
         self.home, self.host, self.port, self.tick_s = home, host, port, tick_s
-        self.store = open_store(home / "state.db")
+        self.store = open_store(state or home / "state.db")  # a path or a database URL
         bootstrap_admin(self.store, home)
         sandboxing = Sandboxing(
             self.store.team_uid,
@@ -235,6 +236,26 @@ class ControlPlane:
             self.store.close()
 
 
+def _control_plane(home: Path, args) -> ControlPlane:
+    """The ControlPlane of the parsed arguments; a state store that cannot be opened is
+    one line in the log and exit status 2, not a traceback."""
+    from aicluster.store.db import StateStoreError
+
+    try:
+        return ControlPlane(
+            home,
+            args.ray_address,
+            args.host,
+            args.port,
+            policy=args.policy,
+            shared_paths=args.shared_path,
+            retire_down_after_s=args.retire_down_after,
+            state=args.state,
+        )
+    except StateStoreError as exc:
+        raise SystemExit(f"--state: {exc}") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="aicluster-controlplane")
     p.add_argument("--home", required=True)
@@ -258,6 +279,11 @@ def main(argv: list[str] | None = None) -> None:
         "(0: never on its own; `aicluster nodes rm` still does)",
     )
     p.add_argument(
+        "--state",
+        default=os.environ.pop("AICLUSTER_STATE", None),  # a URL may hold a password
+        help="the state store: a SQLite file or postgresql://... (default HOME/state.db)",
+    )
+    p.add_argument(
         "--log-format",
         choices=LOG_FORMATS,
         default="text",
@@ -268,15 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     home = Path(args.home)
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)  # admin.token, state.db and every team's logs live here
-    cp = ControlPlane(
-        home,
-        args.ray_address,
-        args.host,
-        args.port,
-        policy=args.policy,
-        shared_paths=args.shared_path,
-        retire_down_after_s=args.retire_down_after,
-    )
+    cp = _control_plane(home, args)
     (home / "controlplane.json").write_text(
         json.dumps({"pid": os.getpid(), "url": f"http://{args.host}:{args.port}"})
     )

@@ -11,6 +11,7 @@ from aicluster.cli import (
     plan_cmds,
     platform_cmds,
     services_cmds,
+    state_cmds,
     usage_cmds,
 )
 
@@ -28,6 +29,7 @@ artifacts_cmds.register(app)
 services_cmds.register(app)
 plan_cmds.register(app)
 usage_cmds.register(app)
+state_cmds.register(app)
 
 if __name__ == "__main__":
     app()

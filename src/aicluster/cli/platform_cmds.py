@@ -3,7 +3,7 @@
 Files under AICLUSTER_HOME: platform.json (what `up`/`join` started),
 controlplane.json (pid and URL of the control plane), client.json (the API URL for
 the CLI), admin.token (0600), machine-id (0600: this machine's stable node identity,
-kept across rejoins), state.db, logs/.
+kept across rejoins), state.db (or state.json: the database `up --state` was given), logs/.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import typer
 from rich.console import Console
 
 from aicluster.cli.config import home_dir
+from aicluster.cli.state_cmds import STATE_ENV, check_reachable, remember_state, state_location
 from aicluster.engine.rayenv import ray_env, ray_token_path
 
 # soft_wrap: a printed command (`aicluster join ...`) stays one line that can be pasted,
@@ -110,10 +111,13 @@ def _start_control_plane(
     shared: list[str] = (),
     retire_down_after: float = 600.0,
     log_format: str = "text",
+    state: str | None = None,
 ) -> str:
     url = f"http://{host}:{port}"
     env = dict(os.environ)
     env.update(ray_env(home, ray_address.startswith("127.")))
+    if state is not None:  # in the environment, not argv: a URL may hold a password
+        env[STATE_ENV] = state
     cmd = [
         sys.executable,
         "-m",
@@ -190,8 +194,18 @@ def up(
             "(key=value lines) or json (one JSON object per line)"
         ),
     ] = "text",
+    state: Annotated[
+        str | None,
+        typer.Option(
+            "--state",
+            help="where the control plane keeps its state: a SQLite file (default "
+            "AICLUSTER_HOME/state.db) or postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE; "
+            "remembered for later starts (AICLUSTER_HOME/state.json)",
+        ),
+    ] = None,
 ) -> None:
-    """Start Ray and the control plane on this machine (state in AICLUSTER_HOME)."""
+    """Start Ray and the control plane on this machine (state in AICLUSTER_HOME, or in
+    PostgreSQL with --state)."""
     if policy not in ("fair", "fifo", "backfill"):
         err.print(f"[red]--policy must be fair, fifo or backfill, not {policy!r}[/red]")
         raise typer.Exit(2)
@@ -206,6 +220,10 @@ def up(
     home = home_dir()
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)
+    state_url, _ = state_location(home, state)  # checked before anything starts
+    check_reachable(state_url)
+    if state is not None:
+        remember_state(home, state_url)
     labels[MACHINE_LABEL] = _machine_id(home)
     state = _read_json(home / "platform.json")
     cp = _read_json(home / "controlplane.json")
@@ -243,6 +261,7 @@ def up(
         [str(Path(p).resolve()) for p in shared_path or []],
         retire_down_after,
         log_format=log_format,
+        state=state_url,
     )
     _write_json(home / "client.json", {"url": url})
     out.print(f"aicluster is up.\n  API:         {url}  (OpenAPI docs at {url}/docs)")

@@ -1,4 +1,4 @@
-"""State: SQLAlchemy 2 over SQLite (WAL) by default.
+"""State: SQLAlchemy 2 over SQLite (WAL) by default, or PostgreSQL (store.db.open_store).
 
 Invariant: all SQL lives here; every status change of a job and its Event are
 written in one transaction, guarded by compare-and-set on the old status.

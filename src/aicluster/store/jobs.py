@@ -7,7 +7,7 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -359,6 +359,19 @@ class JobStore:
         with self._session() as s:
             return attempts_of(EventRecord.of(r) for r in s.scalars(q))
 
+    def event_horizon(self) -> int | None:
+        """The greatest event id at or below which every event is committed (or never will
+        be): a reader that moves a cursor over event ids reads no further, so it skips
+        nothing. None means no limit: SQLite has one writer at a time, so its ids commit in
+        order. PostgreSQL hands ids out before commit: a SHARE lock on `events` waits for
+        the transactions that insert events, then the largest id is final (the lock ends
+        with this short transaction). Call it outside any transaction that writes events."""
+        if self.engine.dialect.name == "sqlite":
+            return None
+        with self.engine.begin() as conn:
+            conn.execute(text("LOCK TABLE events IN SHARE MODE"))
+            return conn.scalar(select(func.max(EventRow.id))) or 0
+
     def list_events(
         self,
         team: str | None = None,
@@ -366,7 +379,12 @@ class JobStore:
         after: int = 0,
         limit: int = 500,
     ) -> list[EventRecord]:
+        """Events after id `after`, oldest first; never past the event horizon, so a
+        follower that passes its last id back as `after` misses none."""
         q = select(EventRow).where(EventRow.id > after).order_by(EventRow.id).limit(limit)
+        horizon = self.event_horizon()
+        if horizon is not None:
+            q = q.where(EventRow.id <= horizon)
         if team is not None:
             q = q.where(EventRow.team == team)
         if object_id is not None:

@@ -75,7 +75,7 @@ class EventRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     ts: Mapped[float] = mapped_column(Float, index=True)
     kind: Mapped[str] = mapped_column(String(16))  # job | node | team | token
-    object_id: Mapped[str] = mapped_column(String(64), index=True)
+    object_id: Mapped[str] = mapped_column(String(96), index=True)  # a job id: name + 7
     team: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     type: Mapped[str] = mapped_column(String(32))
     from_status: Mapped[str | None] = mapped_column(String(16), nullable=True)

@@ -2,8 +2,9 @@
 
 Invariants: a line is keyed by (job id, attempt), so accounting twice never counts twice;
 the accountant's cursor (the last event id read) moves in the same transaction as the lines
-it writes, so a crash leaves neither a gap nor a double count. Ids of the event log are
-committed in order under SQLite's single writer, which is what lets a cursor be an id.
+it writes, so a crash leaves neither a gap nor a double count. The accountant reads
+the event log no further than the event horizon (JobStore.event_horizon: at or below it every
+id is committed or never will be), which lets a cursor be an id on SQLite and PostgreSQL.
 Report totals are sums of integer columns: exactly the sum of their lines.
 """
 
@@ -181,9 +182,11 @@ class UsageStore:
         """Read up to `limit` events after the cursor; write a line for every ended attempt
         of the jobs whose attempts ended there and that has none yet; move the cursor. One
         transaction. Returns the number of lines written."""
+        horizon = self.store.event_horizon()
         with self._session.begin() as s:
             cur = s.get(UsageCursorRow, CURSOR)
             after = cur.event_id if cur is not None else 0
+            below = [EventRow.id <= horizon] if horizon is not None else []
             rows = s.execute(
                 select(
                     EventRow.id,
@@ -193,7 +196,7 @@ class UsageStore:
                     EventRow.from_status,
                     EventRow.to_status,
                 )
-                .where(EventRow.id > after)
+                .where(EventRow.id > after, *below)
                 .order_by(EventRow.id)
                 .limit(limit)
             ).all()
