@@ -120,13 +120,14 @@ def test_a_replica_that_refuses_the_secret_is_not_a_client_error(gw, replica):
     assert r.status_code == 200
 
 
-def test_a_held_request_that_times_out_gets_a_504_and_leaks_nothing(gw):
+def test_a_held_request_that_times_out_gets_a_503_and_leaks_nothing(gw):
     table, url = gw
     table.publish({("team-a", "chat"): service(None)})
     with pytest.raises(openai.APIStatusError) as exc:
         client(url, "tok-a").completions.create(model="chat", prompt="x", max_tokens=1)
-    assert exc.value.status_code == 504
+    assert exc.value.status_code == 503 and exc.value.response.headers["retry-after"]
     assert exc.value.body["type"] == "service_unavailable"
+    assert exc.value.body["code"] == "no_replica_in_time"
     d = table.demand("team-a", "chat")
     assert (d.ongoing, d.held, d.waiting_since) == (0, 0, None)
 
@@ -172,7 +173,7 @@ def test_openapi_documents_bodies_and_error_codes(gw):
     op = doc["paths"]["/v1/chat/completions"]["post"]
     schema = op["requestBody"]["content"]["application/json"]["schema"]
     assert {"model", "messages"} <= set(schema["required"]) and schema["additionalProperties"]
-    assert {"200", "400", "401", "404", "413", "503", "504"} <= set(op["responses"])
+    assert {"200", "400", "401", "404", "413", "503"} <= set(op["responses"])
     err = op["responses"]["404"]["content"]["application/json"]["schema"]["$ref"]
     assert err.endswith("/OpenAIError")
     assert (

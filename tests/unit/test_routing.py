@@ -330,3 +330,36 @@ def test_policies_are_deterministic(name, ops):
         return out
 
     assert run() == run()
+
+
+def test_load_is_own_outstanding_plus_what_others_put_on_the_replica():
+    p = make_policy("least_outstanding")
+    for _ in range(2):
+        p.on_start("a")
+    # a reported 5 when this gateway had 2 there: 3 are someone else's; b has 1 of ours.
+    a = ReplicaState("a", reported_load=5, own_at_report=2)
+    p.on_start("b")
+    b = ReplicaState("b", reported_load=1, own_at_report=1)
+    assert (p.load(a), p.load(b)) == (5, 1)
+    p.on_finish("a")  # ours finish live; the others' stay as last reported
+    assert p.load(a) == 4
+    # A report that lags behind this gateway's own sends never counts below them.
+    assert p.load(ReplicaState("a", reported_load=0, own_at_report=0)) == 1
+    assert first(p, req(), [a, b]) == "b"
+
+
+def test_prefix_cache_guard_is_relative_and_acts_at_small_scale():
+    p = make_policy("prefix_cache", block_size=16)  # defaults: rel 1.5, abs 2
+    r = req(prompt=SYSTEM)
+    p.on_start("a", r)
+    replicas = reps("a", "b", "c")
+    p.on_start("a")
+    assert first(p, r, replicas) == "a"  # 2 <= 1.5 x 0 + 2: a keeps its prefix
+    p.on_start("a")
+    assert first(p, r, replicas) in ("b", "c")  # 3 > 2: overloaded, the least loaded
+    p.on_start("b")
+    p.on_start("c")
+    assert first(p, r, replicas) == "a"  # 3 <= 1.5 x 1 + 2: relative to the least load
+    for _ in range(2):
+        p.on_start("a")
+    assert first(p, r, replicas) in ("b", "c")  # 5 > 3.5

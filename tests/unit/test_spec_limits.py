@@ -223,4 +223,6 @@ def test_body_limits_by_route_family():
     assert body_limit("PUT", "/v1/artifacts/uploads/u1/blobs/" + "a" * 64) is None
     assert body_limit("POST", "/v1/artifacts/uploads") > DEFAULT_LIMIT
     assert body_limit("POST", "/v1/chat/completions") > DEFAULT_LIMIT
+    assert body_limit("POST", "/api/chat") == body_limit("POST", "/v1/chat/completions")
+    assert body_limit("POST", "/api/generate") == body_limit("POST", "/v1/completions")
     assert body_limit("POST", "/v1/jobs/x/cancel") == DEFAULT_LIMIT

@@ -27,6 +27,7 @@ FAMILIES: list[tuple[str | None, re.Pattern, int | None]] = [
     ("POST", re.compile(r"^/v1/jobs/?$"), SUBMIT_LIMIT),
     (None, re.compile(r"^/v1/artifacts(/|$)"), ARTIFACT_LIMIT),
     ("POST", re.compile(r"^/v1/(chat/completions|completions|embeddings)/?$"), GATEWAY_LIMIT),
+    ("POST", re.compile(r"^/api/(chat|generate|embed|embeddings)/?$"), GATEWAY_LIMIT),  # Ollama
 ]
 
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from aicluster.control.api_ops import BadRequest, ForbiddenError, NotFoundError
 from aicluster.control.endpoints import EndpointTable, ServiceEndpoints
 from aicluster.control.services_loop import served_model
+from aicluster.core.routing import make_policy
 from aicluster.specs.errors import SpecError, SpecIssue
 from aicluster.specs.loader import validate_spec
 from aicluster.specs.service import ServiceSpec
@@ -38,6 +41,7 @@ class EndpointOps:
                 "request body",
                 [SpecIssue("team", f"you may deploy only to your team {who.team!r}")],
             )
+        _check_routing(spec)
         if spec.model.startswith("artifact:") and self.artifacts is not None:
             name = spec.model[len("artifact:") :]
             try:
@@ -92,3 +96,19 @@ class EndpointOps:
         out = self.services.update(svc.seq, actor=who.user, deleting=True)
         self.notify()
         return out
+
+
+def _check_routing(spec: ServiceSpec) -> None:
+    """The routing options are the policy's (core.routing), checked at deploy: a bad one
+    is the deployer's 4xx naming the option, never each request's failure."""
+    try:
+        make_policy(spec.routing.policy, **spec.routing.options)
+    except ValidationError as exc:
+        issues = [
+            SpecIssue(
+                "routing.options." + ".".join(str(p) for p in e["loc"]),
+                "unknown option" if e["type"] == "extra_forbidden" else e["msg"],
+            )
+            for e in exc.errors()
+        ]
+        raise SpecError("request body", issues) from None

@@ -2,12 +2,15 @@
 
 Vocabulary:
 - ReplicaState: one replica as the gateway's endpoint table sees it: its id, whether its
-  health probe passes, and the load it reports itself (running + waiting requests; nothing
-  fills it in yet, so it is 0 and the load is the gateway's own count).
+  health probe passes, and the load it last reported itself (`reported_load`: running +
+  waiting requests, scraped from its metrics; `own_at_report`: this gateway's outstanding
+  count on it while that scrape was in flight; `kv_cache_usage`, 0-1). No report: all zero.
 - outstanding: requests this gateway sent to a replica and not yet finished, counted by the
   policy from `on_start` / `on_finish`.
-- load: max(outstanding, reported load). The gateway's own requests are a subset of what a
-  replica reports when the gateway is its only client, so the max never counts one twice.
+- others: max(0, reported_load - own_at_report): load other clients (other gateways) put
+  on the replica, as of its last report.
+- load: outstanding + others. The gateway's own requests are counted live, the rest as
+  last reported, so no request counts twice and several gateways see one another's load.
 - backed off: a replica whose last attempt failed (`on_result(ok=False)`); it is skipped
   until `now >= retry_at`, the delay doubling with each consecutive failure up to a cap.
   After the delay it is *probing*: it is eligible again but takes one request at a time
@@ -71,6 +74,8 @@ class ReplicaState:
     replica_id: str
     healthy: bool = True
     reported_load: int = 0
+    own_at_report: int = 0
+    kv_cache_usage: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,13 @@ class PolicyOptions(BaseModel):
 
     backoff_initial_s: float = Field(default=1.0, gt=0)
     backoff_max_s: float = Field(default=30.0, gt=0)
+    hold_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=3600,
+        description="how long the gateway holds a request while the service has no ready "
+        "replica (scale from zero); None: the gateway's default",
+    )
 
 
 class PowerOfTwoOptions(PolicyOptions):
@@ -106,8 +118,12 @@ class PrefixCacheOptions(PolicyOptions):
     block_size: int = Field(default=64, ge=1)
     max_entries: int = Field(default=100_000, ge=1, description="(block, replica) pairs kept")
     min_match_ratio: float = Field(default=0.25, ge=0, le=1)
-    balance_abs_threshold: int = Field(default=16, ge=0)
-    balance_rel_threshold: float = Field(default=1.5, ge=1)
+    balance_abs_threshold: float = Field(
+        default=2.0, ge=0, description="c: a holder is overloaded when its load > rel x min + c"
+    )
+    balance_rel_threshold: float = Field(
+        default=1.5, ge=1, description="rel (1 + r): see balance_abs_threshold"
+    )
 
 
 @dataclass
@@ -167,7 +183,8 @@ class RoutingPolicy:
         return b is not None and now < b.retry_at
 
     def load(self, replica: ReplicaState) -> int:
-        return max(self._outstanding.get(replica.replica_id, 0), replica.reported_load)
+        others = max(0, replica.reported_load - replica.own_at_report)
+        return self._outstanding.get(replica.replica_id, 0) + others
 
     def eligible(self, replicas: Sequence[ReplicaState], now: float) -> list[ReplicaState]:
         """Eligible replicas, sorted by id (so the answer does not depend on table order)."""
@@ -193,11 +210,19 @@ class RoutingPolicy:
         raise NotImplementedError
 
     def _by_load(self, pool: list[ReplicaState]) -> list[ReplicaState]:
-        """Least load first; ties broken by a rotation that moves on every call."""
+        """Least load first; ties broken by the fuller KV cache last, then by a rotation that
+        moves on every call."""
         n = len(pool)
         return [
             pool[i]
-            for i in sorted(range(n), key=lambda i: (self.load(pool[i]), (i - self._tick) % n))
+            for i in sorted(
+                range(n),
+                key=lambda i: (
+                    self.load(pool[i]),
+                    round(pool[i].kv_cache_usage, 1),
+                    (i - self._tick) % n,
+                ),
+            )
         ]
 
 
@@ -354,9 +379,12 @@ class PrefixCache(RoutingPolicy):
 
     Prompts are cut into blocks of `block_size` characters or words; the blocks of every
     prompt sent to a replica (`on_start` with the request) enter a bounded `PrefixIndex`.
-    Imbalanced means max load - min load > balance_abs_threshold and max load >
-    balance_rel_threshold x min load; then, or when the best match covers less than
-    `min_match_ratio` of the prompt, the order is least load first.
+    The replicas holding the longest match go first, least loaded first, unless the least
+    loaded of them is overloaded: its load > balance_rel_threshold x the pool's least load
+    + balance_abs_threshold (relative, so the guard acts at any scale). Then, or when the
+    best match covers less than `min_match_ratio` of the prompt, the order is least load
+    first, and the prompt's blocks enter the index for the replica that takes it: a hot
+    prefix spreads to as many replicas as its load needs.
     """
 
     name = "prefix_cache"
@@ -374,13 +402,9 @@ class PrefixCache(RoutingPolicy):
             self._last = (prompt, block_hashes(units, self.options.block_size))
         return self._last[1]
 
-    def imbalanced(self, pool: Sequence[ReplicaState]) -> bool:
-        loads = [self.load(r) for r in pool]
-        hi, lo = max(loads), min(loads)
-        return (
-            hi - lo > self.options.balance_abs_threshold
-            and hi > self.options.balance_rel_threshold * lo
-        )
+    def overloaded(self, load: float, least: float) -> bool:
+        o = self.options
+        return load > o.balance_rel_threshold * least + o.balance_abs_threshold
 
     def on_start(self, replica_id: str, request: RouteRequest | None = None) -> None:
         super().on_start(replica_id, request)
@@ -394,14 +418,15 @@ class PrefixCache(RoutingPolicy):
     def _order(self, request: RouteRequest, pool: list[ReplicaState]) -> list[ReplicaState]:
         by_load = self._by_load(pool)
         hashes = self.hashes(request.prompt)
-        if not hashes or self.imbalanced(pool):
+        if not hashes:
             return by_load
         best, depth = self.index.match(hashes, {r.replica_id for r in pool})
         if depth == 0 or depth < self.options.min_match_ratio * len(hashes):
             return by_load
-        return [r for r in by_load if r.replica_id in best] + [
-            r for r in by_load if r.replica_id not in best
-        ]
+        holders = [r for r in by_load if r.replica_id in best]
+        if self.overloaded(self.load(holders[0]), self.load(by_load[0])):
+            return by_load
+        return holders + [r for r in by_load if r.replica_id not in best]
 
 
 POLICIES: Mapping[str, type[RoutingPolicy]] = MappingProxyType(

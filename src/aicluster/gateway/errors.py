@@ -40,8 +40,12 @@ def unavailable(message: str) -> JSONResponse:
     return openai_error(503, message, "service_unavailable", "no_replica")
 
 
-def timed_out(message: str) -> JSONResponse:
-    return openai_error(504, message, "service_unavailable", "no_replica_in_time")
+def timed_out(message: str, retry_after_s: int) -> JSONResponse:
+    """A held request that no replica came for in time: 503 (the service is not available
+    yet; a client may retry after `retry_after_s`), not a gateway timeout."""
+    resp = openai_error(503, message, "service_unavailable", "no_replica_in_time")
+    resp.headers["Retry-After"] = str(retry_after_s)
+    return resp
 
 
 def too_large(limit: int) -> JSONResponse:

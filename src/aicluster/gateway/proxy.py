@@ -5,35 +5,42 @@ Invariants:
 - A request is retried on the next candidate only when its replica failed before the
   first response byte (connection error or 5xx); once bytes flow they pass through
   unbuffered, and the client sees exactly what the replica sent.
-- A service with no READY replica holds the request (up to `hold_timeout_s`) while
-  one starts, which is how scale-from-zero works. A held request that gives up (504)
-  or whose service goes away (503) answers in OpenAI's format; either way it leaves the
-  service's in-flight and held counts as they were before it came.
+- A service with no READY replica holds the request (up to its routing option
+  `hold_timeout_s`, else the gateway's) while one starts, which is how scale-from-zero
+  works. A held request that gives up or whose service goes away gets a 503 in OpenAI's
+  format (with Retry-After when it timed out); either way it leaves the service's
+  in-flight and held counts as they were before it came, so scale-to-zero still happens.
+- Every request counted in flight (`EndpointTable.request_started`) is counted finished
+  exactly once: when its answer is an error, or when the stream `Opened.close` closes ends.
 - Every proxied request carries the replica's secret (runtime.replica_auth); a replica
   that refuses it (401/403) counts as failed and the next candidate is tried.
 - Every error the client sees is in OpenAI's format: the gateway's own, and an engine's
   4xx (whatever its shape) with the engine's status.
 - `model` is `NAME` (the caller's team) or `TEAM/NAME`; the engine gets the model name
-  it serves, never the caller's spelling.
+  it serves, never the caller's spelling (`gateway.bodies`: only the model's bytes change).
+- Routing sees each replica's own load as last scraped from its `/metrics`
+  (`gateway.load`) next to this gateway's outstanding counts.
 - Bodies are bounded (`MAX_BODY_BYTES`) before parsing; JSON nested too deeply is a 400.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import httpx
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse
 
 from aicluster.control.endpoints import EndpointTable, ServiceEndpoints
-from aicluster.core.routing import ReplicaState, RouteRequest, RoutingPolicy, make_policy
+from aicluster.core.routing import RouteRequest, RoutingPolicy, make_policy
 from aicluster.gateway import errors
+from aicluster.gateway.bodies import BodyError, parse
+from aicluster.gateway.load import LoadScraper
+from aicluster.gateway.ollama import OllamaRoutes
 from aicluster.gateway.schemas import ERROR_RESPONSES, openapi_extra
+from aicluster.gateway.streams import Opened, passthrough, read_bounded, read_upstream
 from aicluster.runtime.replica_auth import SECRET_HEADER
 from aicluster.specs.limits import MAX_OPENAI_BODY_BYTES
 
@@ -41,6 +48,8 @@ MAX_ATTEMPTS = 3
 MAX_BODY_BYTES = MAX_OPENAI_BODY_BYTES  # the API's limit too: one bound, wherever it runs
 MAX_ERROR_BYTES = 1 << 20  # of an engine's error answer, read to translate it
 ROUTES = ("completions", "chat/completions", "embeddings")
+HOLD_POLL_S = 0.05
+RETRY_AFTER_S = 5  # what a held request that timed out is told
 
 
 def prompt_of(body: dict) -> str:
@@ -61,12 +70,16 @@ class Gateway:
         clock=time.time,
         hold_timeout_s: float = 120.0,
         metrics=None,
+        scrape_interval_s: float | None = 1.0,
     ):
         self.table, self.authenticate, self.clock = table, authenticate, clock
         self.metrics = metrics  # control.metrics.Metrics, or None
         self.hold_timeout_s = hold_timeout_s
         self._policies: dict[tuple[str, str], tuple[tuple, RoutingPolicy]] = {}
         self._client: httpx.AsyncClient | None = None
+        self.loads = LoadScraper(
+            table, lambda: self.client, self._own_outstanding, interval_s=scrape_interval_s
+        )
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -77,6 +90,7 @@ class Gateway:
         return self._client
 
     def policy(self, ep: ServiceEndpoints) -> RoutingPolicy:
+        """The service's policy (ValueError when its routing options are invalid)."""
         key = (ep.team, ep.name)
         sig = (ep.routing, tuple(sorted(ep.routing_options.items())))
         cached = self._policies.get(key)
@@ -88,12 +102,16 @@ class Gateway:
             policy.forget(rid)
         return policy
 
+    def _own_outstanding(self, team: str, name: str, replica_id: str) -> int:
+        cached = self._policies.get((team, name))
+        return cached[1].outstanding(replica_id) if cached else 0
+
     def router(self) -> APIRouter:
         r = APIRouter()
 
         @r.get("/v1/models", responses={401: ERROR_RESPONSES[401]})
         async def models(request: Request):
-            who = self._who(request)
+            who = self.who(request.headers)
             if who is None:
                 return errors.unauthorized()
             home = who.team or "default"
@@ -104,8 +122,7 @@ class Gateway:
                     "created": 0,
                     "owned_by": ep.team,
                 }
-                for ep in self.table.all()
-                if who.is_admin or ep.team == who.team
+                for ep in self.visible(who)
             ]
             return {"object": "list", "data": data}
 
@@ -118,16 +135,20 @@ class Gateway:
                 responses=ERROR_RESPONSES,
                 summary=f"OpenAI {path.replace('/', ' ')} through a service's replicas",
             )
+        r.include_router(OllamaRoutes(self).router())
         return r
 
-    def _who(self, request: Request):
-        auth = request.headers.get("authorization", "")
-        scheme, _, token = auth.partition(" ")
+    def who(self, headers: Mapping[str, str]):
+        """The caller of a request with these headers (a bearer token), or None."""
+        scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             return None
         return self.authenticate(token.strip())
 
-    def _resolve(self, who, model: str) -> ServiceEndpoints | None:
+    def visible(self, who) -> list[ServiceEndpoints]:
+        return [ep for ep in self.table.all() if who.is_admin or ep.team == who.team]
+
+    def resolve(self, who, model: str) -> ServiceEndpoints | None:
         """`name` is a service of the caller's team (admins: of `default`);
         `team/name` names a service of that team: the caller's own, or any for admins."""
         team, _, name = model.rpartition("/")
@@ -138,70 +159,79 @@ class Gateway:
 
     def _handler(self, path: str):
         async def handle(request: Request):
-            who = self._who(request)
+            who = self.who(request.headers)
             if who is None:
                 return errors.unauthorized()
-            raw = await _read_bounded(request, MAX_BODY_BYTES)
+            raw = await read_bounded(request, MAX_BODY_BYTES)
             if raw is None:
                 return errors.too_large(MAX_BODY_BYTES)
             try:
-                body = json.loads(raw)
-            except RecursionError:
-                return errors.bad_request("the request body nests JSON too deeply")
-            except ValueError:
-                return errors.bad_request("the request body is not valid JSON")
-            if not isinstance(body, dict) or not isinstance(body.get("model"), str):
-                return errors.bad_request("'model' is required", "model")
-            ep = self._resolve(who, body["model"])
+                body = parse(raw)
+            except BodyError as exc:
+                return errors.bad_request(str(exc))
+            if body.model is None:
+                return errors.bad_request("'model' is required (a string)", "model")
+            ep = self.resolve(who, body.model)
             if ep is None:
-                return errors.model_not_found(body["model"])
-            served = ep.served_model or ep.name
-            if body["model"] != served:  # `team/name`, or an engine with its own model id
-                body["model"] = served
-                try:
-                    raw = json.dumps(body).encode()
-                except RecursionError:
-                    return errors.bad_request("the request body nests JSON too deeply")
-            return await self._forward(ep, path, raw, body, request)
+                return errors.model_not_found(body.model)
+            raw = body.with_model(ep.served_model or ep.name)
+            headers = {"content-type": request.headers.get("content-type", "application/json")}
+            opened = await self.open(ep, path, raw, body.doc, request.headers, headers)
+            if not isinstance(opened, Opened):
+                return opened
+            return passthrough(opened)
 
         return handle
 
-    async def _forward(
-        self, ep: ServiceEndpoints, path: str, raw: bytes, body: dict, request: Request
-    ):
+    async def open(
+        self,
+        ep: ServiceEndpoints,
+        path: str,
+        raw: bytes,
+        body: dict,
+        client_headers: Mapping[str, str],
+        headers: dict[str, str],
+    ) -> Opened | JSONResponse:
+        """POST `raw` to `/v1/{path}` of one of the service's replicas (holding the request
+        while it has none): the replica's answer, or the gateway's error in OpenAI's format.
+        The request counts in flight until the error is returned or `Opened.close` runs."""
         team, name = ep.team, ep.name
         held = not ep.replicas
         self.table.request_started(team, name, self.clock(), held=held)
-        passed_on = False  # the stream's end will count the request finished
+        passed_on = False  # the Opened's close will count the request finished
         held_at = self.clock() if held else None
         try:
+            try:
+                policy = self.policy(ep)
+            except ValueError as exc:  # deploy checks them: a service stored before that
+                if held:
+                    self.table.unheld(team, name)
+                return errors.unavailable(f"the routing options of '{name}' are invalid: {exc}")
             if held:
-                ep, refusal = await self._wait_for_replicas(team, name)  # releases the hold
+                ep, refusal = await self._wait_for_replicas(team, name, policy)
                 if ep is None:
                     return refusal
-            resp = await self._try_replicas(ep, path, raw, body, request)
-            if held_at is not None:  # scale from zero: say how long the cold start took
-                resp.headers["x-aicluster-cold-start-ms"] = f"{(self.clock() - held_at) * 1e3:.0f}"
-            if isinstance(resp, StreamingResponse):
-                prev = resp.background
-                resp.background = BackgroundTask(self._finish, ep, prev)
+                try:
+                    policy = self.policy(ep)  # its options may have changed meanwhile
+                except ValueError as exc:
+                    return errors.unavailable(f"the routing options of '{name}' are invalid: {exc}")
+            out = await self._try_replicas(ep, policy, path, raw, body, client_headers, headers)
+            if isinstance(out, Opened):
+                if held_at is not None:  # scale from zero: say how long the cold start took
+                    out.cold_start_ms = (self.clock() - held_at) * 1e3
+                inner = out.on_done
+                out.on_done = lambda: _then(inner, lambda: self.table.request_finished(team, name))
                 passed_on = True
-            return resp
+            return out
         finally:
             if not passed_on:
                 self.table.request_finished(team, name)
 
-    async def _finish(self, ep: ServiceEndpoints, inner: BackgroundTask | None) -> None:
-        try:
-            if inner is not None:
-                await inner()
-        finally:
-            self.table.request_finished(ep.team, ep.name)
-
-    async def _wait_for_replicas(self, team: str, name: str):
-        """(endpoints with a replica, None), or (None, the answer) when the hold time
-        passes (504) or the service goes away (503). Releases the hold either way."""
-        deadline = self.clock() + self.hold_timeout_s
+    async def _wait_for_replicas(self, team: str, name: str, policy: RoutingPolicy):
+        """(endpoints with a replica, None), or (None, a 503) when the hold time passes
+        or the service goes away. Releases the hold either way."""
+        hold_s = policy.options.hold_timeout_s or self.hold_timeout_s
+        deadline = self.clock() + hold_s
         try:
             while True:
                 ep = self.table.get(team, name)
@@ -213,32 +243,33 @@ class Gateway:
                     return ep, None
                 if self.clock() > deadline:
                     return None, errors.timed_out(
-                        f"no replica of '{name}' became ready within {self.hold_timeout_s:g} s"
+                        f"no replica of '{name}' became ready within {hold_s:g} s",
+                        RETRY_AFTER_S,
                     )
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(HOLD_POLL_S)
         finally:
             self.table.unheld(team, name)
 
-    async def _try_replicas(self, ep, path, raw, body, request):
-        policy = self.policy(ep)
+    async def _try_replicas(self, ep, policy, path, raw, body, client_headers, headers):
         route = RouteRequest(
             now=self.clock(),
             prompt=prompt_of(body),
-            user=body.get("user"),
-            headers={k.lower(): v for k, v in request.headers.items()},
+            user=body.get("user") if isinstance(body.get("user"), str) else None,
+            headers=_lower(client_headers),
         )
         reps = {r.replica_id: r for r in ep.replicas}
-        candidates = policy.choose_replicas(route, [ReplicaState(rid) for rid in reps])
-        content_type = request.headers.get("content-type", "application/json")
+        candidates = policy.choose_replicas(route, self.loads.states(ep))
         last_error = "no healthy replica"
         started = self.clock()
         for rid in candidates[:MAX_ATTEMPTS]:
             policy.on_start(rid, route)
-            headers = {"content-type": content_type, SECRET_HEADER: reps[rid].secret}
             try:
                 upstream = await self.client.send(
                     self.client.build_request(
-                        "POST", f"{reps[rid].url}/v1/{path}", content=raw, headers=headers
+                        "POST",
+                        f"{reps[rid].url}/v1/{path}",
+                        content=raw,
+                        headers={**headers, SECRET_HEADER: reps[rid].secret},
                     ),
                     stream=True,
                 )
@@ -260,7 +291,7 @@ class Gateway:
             self._count(ep, rid, str(status))
             if status >= 400:  # the engine refused the request: say so in OpenAI's format
                 try:
-                    raw_error = await _read_upstream(upstream, MAX_ERROR_BYTES)
+                    raw_error = await read_upstream(upstream, MAX_ERROR_BYTES)
                 except httpx.HTTPError:
                     raw_error = b""
                 finally:
@@ -268,7 +299,7 @@ class Gateway:
                     policy.on_finish(rid)
                 self._observe_end(ep, started)
                 return errors.from_upstream(status, raw_error)
-            return _passthrough(
+            return Opened(
                 upstream,
                 on_first=lambda rid=rid: self._observe_ttfb(ep, rid, started),
                 on_done=lambda rid=rid: (policy.on_finish(rid), self._observe_end(ep, started)),
@@ -288,71 +319,20 @@ class Gateway:
             self.metrics.gateway_latency.labels(ep.team, ep.name).observe(self.clock() - started)
 
     async def close(self) -> None:
+        await self.loads.stop()
         if self._client is not None:
             await self._client.aclose()
 
 
-async def _read_bounded(request: Request, limit: int) -> bytes | None:
-    """The body, or None when it is longer than `limit` (read no further than that)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        return None
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
+def _then(first: Callable[[], object], second: Callable[[], object]) -> None:
+    try:
+        first()
+    finally:
+        second()
 
 
-async def _read_upstream(upstream: httpx.Response, limit: int) -> bytes:
-    chunks, size = [], 0
-    async for chunk in upstream.aiter_bytes():
-        chunks.append(chunk)
-        size += len(chunk)
-        if size >= limit:
-            break
-    return b"".join(chunks)[:limit]
+def _lower(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers.items()}
 
 
-class _ProxiedStream(StreamingResponse):
-    """Runs its background task (closing the upstream, counting the request finished)
-    however the stream ends: Starlette skips it when the body raises, as it does when
-    the replica breaks the stream after the first byte."""
-
-    async def __call__(self, scope, receive, send) -> None:
-        background, self.background = self.background, None
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            if background is not None:
-                await background()
-
-
-def _passthrough(
-    upstream: httpx.Response, on_first: Callable[[], None], on_done: Callable[[], None]
-) -> StreamingResponse:
-    async def body():
-        first = True
-        async for chunk in upstream.aiter_raw():
-            if first and chunk:
-                first = False
-                on_first()
-            yield chunk
-
-    async def close():
-        await upstream.aclose()
-        on_done()
-
-    keep = {
-        k: v
-        for k, v in upstream.headers.items()
-        if k.lower() in ("content-type", "content-encoding", "cache-control", "x-request-id")
-    }
-    return _ProxiedStream(
-        body(), status_code=upstream.status_code, headers=keep, background=BackgroundTask(close)
-    )
-
-
-__all__ = ["Gateway", "JSONResponse"]
+__all__ = ["Gateway"]

@@ -76,12 +76,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: {"model": OpenAIError, "description": "the body is larger than the gateway accepts"},
     503: {
         "model": OpenAIError,
-        "description": "no replica could answer, or the service was "
+        "description": "no replica could answer; or none became ready within the hold time "
+        "(scale from zero; code `no_replica_in_time`, with Retry-After); or the service was "
         "deleted while the request waited for one",
-    },
-    504: {
-        "model": OpenAIError,
-        "description": "no replica became ready within the hold time (scale from zero)",
     },
 }
 

@@ -62,6 +62,13 @@ class SimulatedEngineOptions(BaseModel):
     time_scale: float = Field(
         default=1.0, gt=0, description="wall seconds per simulated second (0.01: 100x faster)"
     )
+    startup_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        description="wall seconds of loading before the engine serves (a cold start): "
+        "until then every route but /metrics answers 503",
+    )
 
 
 def tokenize(text: str) -> list[str]:

@@ -15,7 +15,9 @@ sequence. `usage.prompt_tokens_details.cached_tokens` reports the prefix cache h
 Run: `python -m aicluster.runtime.simulated_engine --host 127.0.0.1 --port 8001
 [--block-size 16 --max-concurrency 64 ...]` (every `SimulatedEngineOptions` field).
 When AICLUSTER_REPLICA_SECRET is set (a replica), every route needs it in the
-X-Aicluster-Replica-Secret header (runtime.replica_auth).
+X-Aicluster-Replica-Secret header (runtime.replica_auth). With `--startup-s S` it loads
+for S wall seconds first, as an engine loading weights does: every route but `/metrics`
+answers 503 until then (so a readiness probe waits, and a cold start can be timed).
 """
 
 from __future__ import annotations
@@ -273,7 +275,7 @@ class SimulatedServer:
 
 
 def _error(exc: RequestError) -> JSONResponse:
-    kind = "NotFoundError" if exc.status == 404 else "BadRequestError"
+    kind = {404: "NotFoundError", 503: "ServiceUnavailableError"}.get(exc.status, "BadRequestError")
     return JSONResponse(
         {"error": {"message": exc.message, "type": kind, "param": exc.param, "code": exc.status}},
         status_code=exc.status,
@@ -304,6 +306,14 @@ def create_app(
     app = FastAPI(title="aicluster simulated LLM engine")
     app.state.engine = server
     app.add_exception_handler(RequestError, lambda _r, e: _error(e))  # type: ignore[arg-type]
+    if server.options.startup_s > 0:  # only then: a middleware costs every request
+        ready_at = clock() + server.options.startup_s
+
+        @app.middleware("http")
+        async def loading(request: Request, call_next):
+            if clock() < ready_at and request.url.path != "/metrics":
+                return _error(RequestError("the engine is still loading", None, 503))
+            return await call_next(request)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
