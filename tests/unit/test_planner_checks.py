@@ -117,14 +117,22 @@ def test_inline_node_of_the_wrong_type_is_one_clear_error(tmp_path):
 def test_unknown_node_says_how_to_declare_a_custom_one(tmp_path):
     found = problems(
         tmp_path,
-        "kind: plan\nname: p\nhardware:\n  node: a100-80gb-pcie\n" + SERVE.split("\n", 2)[2],
+        "kind: plan\nname: p\nhardware:\n  node: a100-80gb-nvl\n" + SERVE.split("\n", 2)[2],
     )
     line, message = found["hardware.node"]
     assert line == 4
     assert message.startswith(
-        "unknown node 'a100-80gb-pcie'; declare it inline (node: {gpu: <a GPU>, gpus: 8, "
-        "power_w: 6000}) or under hardware.nodes.a100-80gb-pcie with gpu, gpus and power_w; "
+        "unknown node 'a100-80gb-nvl'; declare it inline (node: {gpu: <a GPU>, gpus: 8, "
+        "power_w: 6000}) or under hardware.nodes.a100-80gb-nvl with gpu, gpus and power_w; "
         "known: dgx-a100, "
+    )
+    # a catalog GPU named as a node (a100-80gb-pcie is now a catalog GPU) gets the GPU hint
+    gpu = problems(
+        tmp_path,
+        "kind: plan\nname: p\nhardware:\n  node: a100-80gb-pcie\n" + SERVE.split("\n", 2)[2],
+    )
+    assert gpu["hardware.node"][1].startswith(
+        "unknown node 'a100-80gb-pcie'; 'a100-80gb-pcie' is a GPU: give a node with it inline"
     )
 
 

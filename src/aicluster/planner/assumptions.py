@@ -14,9 +14,14 @@ BTU_PER_HOUR_PER_WATT = 3.412142  # NIST SP 811, Appendix B.8: 1 W = 3.412 142 B
 
 @dataclass(frozen=True)
 class Assumptions:
-    mfu: float = 0.40
-    """Model FLOPs utilisation for training. PaLM 540B reached 46.2% (Chowdhery et al. 2022,
-    Table 3); Llama 3 405B 38-43% (Dubey et al. 2024, Table 4). 40% is a planning value."""
+    mfu: float | None = None
+    """Model FLOPs utilisation for training; None: by model size and GPU class from published
+    runs (`aicluster.planner.mfu`: Llama 2 on A100 0.44-0.49, Llama 3.1 on H100 0.17 (8B) to
+    0.41 (405B)). PaLM 540B reached 46.2% (Chowdhery et al. 2022, Table 3)."""
+    goodput: float = 0.90
+    """Share of wall-clock time a training run makes progress (the rest: failures, restarts,
+    evaluation). Llama 3 405B: "higher than 90% effective training time" over a 54-day
+    snapshot with 466 interruptions (Dubey et al. 2024, arXiv:2407.21783, Sec. 3.3.4)."""
     prefill_efficiency: float = 0.50
     """Fraction of peak tensor FLOP/s a prefill reaches (compute-bound; assumption)."""
     bandwidth_efficiency: float = 0.80
@@ -24,11 +29,37 @@ class Assumptions:
     of vendor-reported STREAM-like figures of 80-90%)."""
     network_efficiency: float = 0.80
     """Fraction of line rate an all-reduce reaches (NCCL bus bandwidth; assumption)."""
+    nvlink_efficiency: float = 0.80
+    """Fraction of NVLink (or PCIe) per-direction bandwidth a tensor-parallel all-reduce
+    reaches (assumption, as `network_efficiency`)."""
+    allreduce_latency_us: float = 22.0
+    """Fixed cost (alpha) of one tensor-parallel all-reduce, microseconds: fitted to NVIDIA's
+    NeMo Llama 2 7B latencies on H100 at TP 1/2/4/8 (batch 1, 128 in / 20 out: 153.8,
+    128.6, 107.4, 97.6 ms; docs.nvidia.com/nemo-framework/user-guide/latest/performance/
+    llama.html): what TP 2, 4 and 8 save per step against the halved weight read gives
+    19.5, 22.5 and 24.7 us per all-reduce (64 per step); 22 is their mean."""
+    step_overhead_per_layer_us: float = 17.0
+    """Fixed cost of a forward step per layer (kernel launches, synchronisation),
+    microseconds: fitted to NVIDIA NIM's Llama 3.3 70B fp8 TP2 on 2 x H100 at concurrency 1
+    (5000 in / 500 out, ITL 18.58 ms; docs.nvidia.com/nim/benchmarking/llm/1.0.0/performance)
+    once the weight read (13.56 ms), the KV read and 160 all-reduces (3.52 ms) are charged:
+    1.34 ms / 80 layers."""
     gpu_memory_utilization: float = 0.90
     """Share of GPU memory an inference engine may use: vLLM's default
     `gpu_memory_utilization=0.9` (vLLM engine arguments documentation)."""
     runtime_overhead_gib: float = 2.0
-    """Per-GPU memory for CUDA context, kernels workspace, NCCL buffers (assumption)."""
+    """Per-GPU memory a training process needs beyond its tensors: CUDA context, kernel
+    workspaces, NCCL buffers (assumption)."""
+    engine_non_torch_gib: float = 1.8
+    """Serving: memory an engine holds outside PyTorch tensors (CUDA context, cuBLAS
+    workspaces) per GPU. vLLM's memory profile of Llama 3 8B on one H100: non_torch_memory
+    1.79 GiB (vLLM PR #10511, github.com/vllm-project/vllm/pull/10511)."""
+    engine_tp_buffers_gib: float = 1.8
+    """Serving: extra per-GPU memory with tensor parallelism (NCCL and custom all-reduce
+    buffers): the same profile at TP 2 shows non_torch_memory 3.58 GiB (vLLM PR #10511)."""
+    max_num_batched_tokens: int = 8192
+    """Serving: tokens in the engine's largest forward (the activation profile run): vLLM's
+    default with a model of 8k context or more."""
     max_num_seqs: int = 256
     """Most sequences an engine batches at once: vLLM's default `max_num_seqs=256`."""
     utilization: float = 0.70

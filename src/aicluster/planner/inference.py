@@ -11,9 +11,15 @@ Inference", arXiv:2211.05102, Sec. 2-3):
   2 FLOPs per active parameter per sequence plus the attention over its context
   (Kaplan et al. 2020, arXiv:2001.08361, Table 1: C_forward = 2N + 2·L·n_ctx·d_attn);
   its time is the larger of bytes / (bandwidth) and FLOPs / (peak FLOP/s);
+- every forward step pays a fixed cost per layer (`step_overhead_per_layer_us`) and,
+  with tensor parallelism t, 2 all-reduces per layer of alpha + beta·bytes (alpha =
+  `allreduce_latency_us`, beta over NVLink x `nvlink_efficiency`);
 - a prefill of P tokens is the same forward pass over P tokens: compute-bound;
-- a replica serves requests/s = 1 / (prefill(P) + O · step(B) / B): each request costs
-  its prefill plus its share of O decode steps shared by B sequences.
+- under load each step also carries B/O prefills (`loaded_tpot_s`), so TPOT at batch B is
+  step(B) + ((B-1)/O)·prefill(P); a replica serves B / (ttft + O · TPOT) requests/s.
+Units: seconds, bytes, FLOPs. Calibration: the per-layer and all-reduce fixed costs are
+fitted to one NVIDIA NIM point and the NeMo TP sweep (see `Assumptions`); tests check the
+other published points (tests/unit/test_planner_latency.py).
 """
 
 from __future__ import annotations
@@ -132,35 +138,64 @@ def forward_flops_per_token(m: ModelShape, context: float) -> float:
     return 2 * n_active + 2 * m.layers * kv_tokens(m, context) * m.attention_heads * m.d_head
 
 
-def _tp_comm_s(m: ModelShape, gpu: Gpu, tp: int, tokens: float) -> float:
+def _tp_comm_s(m: ModelShape, gpu: Gpu, a: Assumptions, tp: int, tokens: float) -> float:
     """Two all-reduces of tokens·h·2 bytes per layer (Megatron-LM TP, Shoeybi et al. 2019,
-    Sec. 3), ring cost 2(t-1)/t, over NVLink (per direction = half the total) or PCIe."""
+    Sec. 3), each alpha + beta·bytes: alpha = `allreduce_latency_us`, beta the ring cost
+    2(t-1)/t over NVLink (per direction = half the total) or PCIe x `nvlink_efficiency`."""
     if tp <= 1:
         return 0.0
-    link = (gpu.nvlink_gb_s / 2 if gpu.nvlink_gb_s else gpu.pcie_gb_s) * 1e9
-    return 2 * m.layers * 2 * (tp - 1) / tp * tokens * m.hidden_size * 2 / link
+    link = (gpu.nvlink_gb_s / 2 if gpu.nvlink_gb_s else gpu.pcie_gb_s) * 1e9 * a.nvlink_efficiency
+    per_call = a.allreduce_latency_us * 1e-6 + 2 * (tp - 1) / tp * tokens * m.hidden_size * 2 / link
+    return 2 * m.layers * per_call
 
 
-def decode_step_s(r: ServeRequest, a: Assumptions, tp: int, batch: int) -> float:
-    """max(memory time, compute time) of one decode step + TP communication."""
-    context = r.prompt_tokens + r.output_tokens / 2  # average context while decoding
+def _step_overhead_s(m: ModelShape, a: Assumptions) -> float:
+    """Fixed cost of one forward step: `step_overhead_per_layer_us` x layers."""
+    return m.layers * a.step_overhead_per_layer_us * 1e-6
+
+
+def decode_step_s(
+    r: ServeRequest, a: Assumptions, tp: int, batch: int, context: float | None = None
+) -> float:
+    """One decode step of `batch` sequences: the fixed per-layer cost, plus the larger of
+    memory time (weights + the batch's KV cache at `context` tokens, default the average
+    while decoding) and compute time, plus the tensor-parallel all-reduces."""
+    if context is None:
+        context = r.prompt_tokens + r.output_tokens / 2
     kv = batch * kv_tokens(r.model, context) * kv_bytes_per_token(r.model, r.kv_precision)
     bytes_read = weights_read_per_step(r.model, r.precision, batch) + kv
     mem_s = bytes_read / (tp * r.gpu.memory_bandwidth_gb_s * 1e9 * a.bandwidth_efficiency)
     flops = batch * forward_flops_per_token(r.model, context)
     peak = r.gpu.peak_flops(r.precision) * tp * a.prefill_efficiency
-    return max(mem_s, flops / peak) + _tp_comm_s(r.model, r.gpu, tp, batch)
+    return (
+        _step_overhead_s(r.model, a)
+        + max(mem_s, flops / peak)
+        + _tp_comm_s(r.model, r.gpu, a, tp, batch)
+    )
 
 
 def prefill_s(r: ServeRequest, a: Assumptions, tp: int) -> float:
-    """Compute-bound forward over the prompt (average context P/2), at least one weight read."""
+    """Compute-bound forward over the prompt (average context P/2), at least one weight read,
+    plus the fixed step cost and the all-reduces of P tokens."""
     p = r.prompt_tokens
     flops = p * forward_flops_per_token(r.model, p / 2)
     compute = flops / (r.gpu.peak_flops(r.precision) * tp * a.prefill_efficiency)
     weights = weight_bytes(r.model, r.precision) / (
         tp * r.gpu.memory_bandwidth_gb_s * 1e9 * a.bandwidth_efficiency
     )
-    return max(compute, weights) + _tp_comm_s(r.model, r.gpu, tp, p)
+    return (
+        _step_overhead_s(r.model, a) + max(compute, weights) + _tp_comm_s(r.model, r.gpu, a, tp, p)
+    )
+
+
+def loaded_tpot_s(r: ServeRequest, a: Assumptions, tp: int, batch: int) -> float:
+    """Time between a sequence's tokens with `batch` sequences in flight, in steady state:
+    the decode step plus the other sequences' prefills that interleave with it. While one
+    sequence makes O tokens, each of the other B - 1 in flight is replaced once, so
+    (B - 1)/O prefills fall in each step (continuous batching, Yu et al. 2022, Orca, OSDI; chunked prefill spreads
+    them but the GPU time is the same)."""
+    others = max(0, batch - 1)
+    return decode_step_s(r, a, tp, batch) + others / r.output_tokens * prefill_s(r, a, tp)
 
 
 def _largest_batch(r: ServeRequest, a: Assumptions, tp: int, limit: int) -> int:
@@ -169,12 +204,12 @@ def _largest_batch(r: ServeRequest, a: Assumptions, tp: int, limit: int) -> int:
         return 0
     if r.tpot_s is None:
         return limit
-    if decode_step_s(r, a, tp, 1) > r.tpot_s:
+    if loaded_tpot_s(r, a, tp, 1) > r.tpot_s:
         return 0
     lo, hi = 1, limit
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if decode_step_s(r, a, tp, mid) <= r.tpot_s:
+        if loaded_tpot_s(r, a, tp, mid) <= r.tpot_s:
             lo = mid
         else:
             hi = mid - 1
@@ -185,7 +220,7 @@ def evaluate(r: ServeRequest, a: Assumptions, tp: int, pp: int) -> ServeOption:
     """Memory, latency and replica count of one layout."""
     m = r.model
     n = tp * pp
-    usable = r.gpu.memory_bytes * a.gpu_memory_utilization - a.runtime_overhead_gib * GIB
+    usable = r.gpu.memory_bytes * a.gpu_memory_utilization - engine_reserve_bytes(m, a, tp)
     w_gpu = weight_bytes(m, r.precision) / n
     # K/V heads are split over tp ranks (replicated once tp exceeds kv_heads), layers over pp.
     kv_gpu_token = kv_bytes_per_token(m, r.kv_precision) / (min(tp, m.n_kv_heads) * pp)
@@ -198,9 +233,10 @@ def evaluate(r: ServeRequest, a: Assumptions, tp: int, pp: int) -> ServeOption:
     latency_batch = max(1, batch)
     ttft = prefill_s(r, a, tp)
     tpot1 = decode_step_s(r, a, tp, 1)
-    tpot = decode_step_s(r, a, tp, latency_batch)
+    tpot = loaded_tpot_s(r, a, tp, latency_batch)
     latency_ok = batch >= 1 and (r.ttft_s is None or ttft <= r.ttft_s)
-    rps = 1 / (ttft + r.output_tokens * tpot / latency_batch) if fits else 0.0
+    # B requests finish every prefill + O loaded steps (the others' prefills are inside TPOT)
+    rps = latency_batch / (ttft + r.output_tokens * tpot) if fits else 0.0
     replicas = _replicas(r, a, rps, batch) if fits else 0
     kv_used = min(kv_capacity, latency_batch * seq_tokens) * kv_gpu_token
     overhead = r.gpu.memory_bytes - usable
@@ -226,6 +262,24 @@ def evaluate(r: ServeRequest, a: Assumptions, tp: int, pp: int) -> ServeOption:
             "free": max(0.0, r.gpu.memory_bytes - w_gpu - kv_used - overhead),
         },
     )
+
+
+def activation_peak_bytes(m: ModelShape, a: Assumptions) -> float:
+    """Peak activation memory of the engine's largest forward, bytes (not split by TP: vLLM
+    reports the same peak at TP 1 and 2): N = max_num_batched_tokens tokens through the MLP
+    (gate, up and their product: 3·d_ff) and 4·h of hidden/attention buffers in 16 bits, plus
+    fp32 logits and probabilities for max_num_seqs sequences (2 x 4 bytes x V). Llama 3 8B:
+    8192 x (3 x 14336 + 4 x 4096) x 2 + 256 x 128256 x 8 = 1.15 GiB; vLLM profiles 1.26 GiB."""
+    n = a.max_num_batched_tokens
+    return n * (3 * m.d_ff + 4 * m.hidden_size) * 2 + a.max_num_seqs * m.vocab_size * 8
+
+
+def engine_reserve_bytes(m: ModelShape, a: Assumptions, tp: int) -> float:
+    """What a serving engine keeps out of its memory budget (gpu_memory_utilization x card)
+    besides weights and KV cache: non-PyTorch memory, TP buffers, the activation peak. (The
+    1 - gpu_memory_utilization share left unused holds CUDA graphs and fragmentation.)"""
+    extra = a.engine_tp_buffers_gib if tp > 1 else 0.0
+    return (a.engine_non_torch_gib + extra) * GIB + activation_peak_bytes(m, a)
 
 
 def _replicas(r: ServeRequest, a: Assumptions, rps: float, batch: int) -> int:

@@ -328,7 +328,12 @@ def _train_request(
         global_batch_tokens=int(w.global_batch_tokens or DEFAULT_BATCH_TOKENS[w.method]),
         micro_batch=w.micro_batch,
         lora_rank=w.lora_rank,
-        lora_targets=w.lora_targets,
+        lora_targets=w.lora_targets
+        if isinstance(w.lora_targets, str)
+        else tuple(dict.fromkeys(w.lora_targets)),
+        optimizer=w.optimizer,
+        master_weights=w.master_weights,
+        offload_optimizer=w.offload_optimizer,
         strategy="zero3" if w.strategy == "fsdp" else w.strategy,
         tensor_parallel=w.tensor_parallel,
         pipeline_parallel=w.pipeline_parallel,

@@ -23,6 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from aicluster.planner.hardware import ModelShape
+from aicluster.planner.optimizers import (
+    MASTER_BYTES,
+    default_master_weights,
+    optimizer_state_bytes,
+    paged,
+)
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "nf4")
 
@@ -170,13 +176,15 @@ STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 
 @dataclass(frozen=True)
 class TrainingMemory:
-    """Bytes per GPU by kind; `total` includes the fixed runtime overhead."""
+    """Bytes per GPU by kind; `total` includes the fixed runtime overhead. `host` is what
+    offload or paged optimizer states keep in CPU memory per GPU (not in `total`)."""
 
     weights: float
     gradients: float
     optimizer: float
     activations: float
     overhead: float
+    host: float = 0.0
 
     @property
     def total(self) -> float:
@@ -190,7 +198,68 @@ class TrainingMemory:
             "activations": self.activations,
             "overhead": self.overhead,
             "total": self.total,
+            "host": self.host,
         }
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Model-state bytes per GPU (`optimizer` includes fp32 master weights) and per GPU in
+    host memory (`host`: offloaded or paged)."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    host: float = 0.0
+
+
+def model_state(
+    trainable: float,
+    frozen: float,
+    strategy: str,
+    dp: int,
+    mp: int = 1,
+    frozen_bits: float = 16.0,
+    *,
+    frozen_16bit: float = 0.0,
+    optimizer: str = "adamw",
+    master_weights: bool | None = None,
+    offload: bool = False,
+    factored: float | None = None,
+) -> ModelState:
+    """Weights, gradients, optimizer (+ master) bytes per GPU; see `optimizers` for the
+    per-parameter figures. [ZeRO Sec. 5.1-5.3] with Ψ = trainable/mp per model-parallel
+    rank, Nd = dp, for mixed-precision AdamW (K = 12):
+      ddp:   2Ψ + 2Ψ + 12Ψ            = 16Ψ
+      zero1: 2Ψ + 2Ψ + 12Ψ/Nd         (P_os)
+      zero2: 2Ψ + (2Ψ + 12Ψ)/Nd       (P_os+g)
+      zero3: (2Ψ + 2Ψ + 12Ψ)/Nd       (P_os+g+p; = FSDP FULL_SHARD)
+    Frozen weights (LoRA's base model) add frozen·bits/8 + frozen_16bit·2, sharded only by
+    zero3: QLoRA quantizes the block matmuls (`frozen`) and keeps embeddings, LM head and
+    norms (`frozen_16bit`) in 16 bits, as bitsandbytes does (it replaces nn.Linear layers
+    only and skips the output head). Offload moves master + states + gradients to the host
+    [ZeRO-Offload]; a paged optimizer's states are counted on the host.
+    """
+    psi = trainable / mp
+    master = default_master_weights(optimizer) if master_weights is None else master_weights
+    w, g = WEIGHT_BYTES_TRAIN * psi, GRAD_BYTES_TRAIN * psi
+    states = optimizer_state_bytes(optimizer, psi, None if factored is None else factored / mp)
+    m = MASTER_BYTES * psi if master else 0.0
+    if strategy in ("zero1", "zero2", "zero3"):
+        states, m = states / dp, m / dp
+    if strategy in ("zero2", "zero3"):
+        g /= dp
+    if strategy == "zero3":
+        w /= dp
+    base = frozen / mp * frozen_bits / 8 + frozen_16bit / mp * 2
+    if strategy == "zero3":
+        base /= dp
+    host = 0.0
+    if offload:
+        host, states, m, g = states + m + g, 0.0, 0.0, 0.0
+    elif paged(optimizer):
+        host, states = states, 0.0
+    return ModelState(w + base, g, states + m, host)
 
 
 def model_state_bytes(
@@ -201,27 +270,9 @@ def model_state_bytes(
     mp: int = 1,
     frozen_bits: float = 16.0,
 ) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer) bytes per GPU under mixed-precision Adam.
-
-    [ZeRO Sec. 5.1-5.3] with Ψ = trainable/mp per model-parallel rank, Nd = dp:
-      ddp:   2Ψ + 2Ψ + 12Ψ            = 16Ψ
-      zero1: 2Ψ + 2Ψ + 12Ψ/Nd         (P_os)
-      zero2: 2Ψ + (2Ψ + 12Ψ)/Nd       (P_os+g)
-      zero3: (2Ψ + 2Ψ + 12Ψ)/Nd       (P_os+g+p; = FSDP FULL_SHARD)
-    Frozen weights (LoRA's base model) add frozen·bits/8, sharded only by zero3.
-    """
-    psi = trainable / mp
-    w, g, o = WEIGHT_BYTES_TRAIN * psi, GRAD_BYTES_TRAIN * psi, ADAM_K * psi
-    if strategy in ("zero1", "zero2", "zero3"):
-        o /= dp
-    if strategy in ("zero2", "zero3"):
-        g /= dp
-    if strategy == "zero3":
-        w /= dp
-    base = frozen / mp * frozen_bits / 8
-    if strategy == "zero3":
-        base /= dp
-    return w + base, g, o
+    """(weights, gradients, optimizer) bytes per GPU under mixed-precision AdamW (16Ψ)."""
+    s = model_state(trainable, frozen, strategy, dp, mp, frozen_bits)
+    return s.weights, s.gradients, s.optimizer
 
 
 def activation_bytes(
@@ -255,17 +306,73 @@ def activation_bytes(
     return (layers + logits) / tp
 
 
-def lora_params(m: ModelShape, rank: int, targets: str = "all") -> float:
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_TARGETS = {
+    "all": LORA_MODULES,  # every linear layer of the blocks [QLoRA Sec. 4]
+    "attention": LORA_MODULES[:4],  # Q, K, V, O
+    "qv": ("q_proj", "v_proj"),  # LoRA's own setting: W_q and W_v [LoRA Sec. 4.2, 7.1]
+}
+
+
+def lora_modules(targets: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """Module names (Hugging Face Llama names) a `lora_targets` value adapts."""
+    if isinstance(targets, str):
+        return LORA_TARGETS[targets]
+    return tuple(targets)
+
+
+def _module_dims(m: ModelShape) -> dict[str, tuple[int, int, int]]:
+    """(d_in, d_out, copies per layer) of each linear module of a block. A non-gated MLP
+    has no gate_proj (up = c_fc, down = c_proj); every expert has its own MLP."""
+    h, q_out, kv_out = m.hidden_size, m.attention_heads * m.d_head, m.n_kv_heads * m.d_head
+    dims = {
+        "q_proj": (h, q_out, 1),
+        "k_proj": (h, kv_out, 1),
+        "v_proj": (h, kv_out, 1),
+        "o_proj": (q_out, h, 1),
+        "up_proj": (h, m.d_ff, m.experts),
+        "down_proj": (m.d_ff, h, m.experts),
+    }
+    if m.gated_mlp:
+        dims["gate_proj"] = (h, m.d_ff, m.experts)
+    return dims
+
+
+def lora_params(
+    m: ModelShape, rank: int, targets: str | tuple[str, ...] | list[str] = "all"
+) -> float:
     """Trainable LoRA parameters: r·(d_in + d_out) per adapted matrix [LoRA Sec. 4].
 
-    `all`: Q, K, V, O and the MLP matrices (gate, up, down; every expert), as QLoRA
-    recommends [QLoRA Sec. 4]; `attention`: Q, K, V, O only (LoRA's original setting).
+    `targets`: `all` (Q, K, V, O and the MLP matrices of every expert, as QLoRA recommends
+    [QLoRA Sec. 4]), `attention` (Q, K, V, O), `qv` (W_q and W_v, LoRA's own setting), or
+    a list of module names from LORA_MODULES. Checks: GPT-3 175B with r = 1 and r = 8 on
+    W_q, W_v gives 4.7M and 37.7M [LoRA Table 4]; Llama 2 7B with r = 8 on q_proj, v_proj
+    gives 4,194,304 (PEFT's print_trainable_parameters).
     """
-    h = m.hidden_size
-    q_out, kv_out = m.attention_heads * m.d_head, m.n_kv_heads * m.d_head
-    attn = (h + q_out) + 2 * (h + kv_out) + (q_out + h)
-    per_layer = attn
-    if targets == "all":
-        mats = 3 if m.gated_mlp else 2
-        per_layer += m.experts * mats * (h + m.d_ff)
+    dims = _module_dims(m)
+    per_layer = sum(
+        (dims[t][0] + dims[t][1]) * dims[t][2] for t in lora_modules(targets) if t in dims
+    )
     return m.layers * rank * per_layer
+
+
+def adafactor_state_values(
+    m: ModelShape,
+    trainable_lora: bool = False,
+    rank: int = 0,
+    targets: str | tuple[str, ...] | list[str] = "all",
+) -> float:
+    """fp32 values Adafactor's factored second moment keeps [Adafactor Sec. 3]: n + m per
+    n x m matrix, the full size of every vector.
+
+    Full training: every block matrix (= lora_params with rank 1 over all modules), the
+    embedding and LM head (V + h each) and the norms. LoRA: A (r x d_in) and B (d_out x r)
+    of each adapted matrix, i.e. d_in + d_out + 2r.
+    """
+    if trainable_lora:
+        dims = _module_dims(m)
+        n = sum(dims[t][2] for t in lora_modules(targets) if t in dims)
+        return lora_params(m, 1, targets) + m.layers * n * 2 * rank
+    h, V = m.hidden_size, m.vocab_size
+    heads = 1 if m.tied_embeddings else 2
+    return lora_params(m, 1, "all") + heads * (V + h) + m.layers * 2 * h + h

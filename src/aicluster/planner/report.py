@@ -101,6 +101,7 @@ def train_rows(d: dict) -> list[dict]:
                 "trainable": num(t["trainable_params"]),
                 "tokens": num(t["tokens"]),
                 "FLOPs": f"{t['total_flops']:.2e}",
+                "MFU": f"{t['mfu']:.0%}" if t.get("mfu") else "-",
                 "GPUs": f"{t['gpus']} ({t['nodes']} nodes)",
                 "layout": layout,
                 "mem/GPU": f"{gb(mem)} of {gb(lay.get('gpu_memory_bytes'))}" if lay else "-",

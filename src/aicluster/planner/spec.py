@@ -25,7 +25,16 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Discriminator,
+    Field,
+    PlainValidator,
+    Tag,
+    WithJsonSchema,
+    model_validator,
+)
 
 from aicluster.specs.job import Strict
 from aicluster.specs.loader import SpecLoader
@@ -66,6 +75,37 @@ Count = Annotated[float, BeforeValidator(parse_count)]
 Precision = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
 KvPrecision = Literal["fp32", "bf16", "fp16", "fp8"]
 KvCacheDtype = Literal["fp16", "bf16", "fp8", "int8"]
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_SETS = ("all", "attention", "qv")
+
+
+def _lora_targets(value: object) -> str | list[str]:
+    """`all`, `attention`, `qv` or a non-empty list of module names (one message for all)."""
+    words = f"use {', '.join(LORA_SETS)} or a list of module names from {', '.join(LORA_MODULES)}"
+    if isinstance(value, str):
+        if value in LORA_SETS:
+            return value
+        raise ValueError(f"unknown LoRA target {value!r}; {words}")
+    if isinstance(value, (list, tuple)) and value:
+        bad = [v for v in value if v not in LORA_MODULES]
+        if bad:
+            raise ValueError(f"unknown module {', '.join(map(repr, bad))}; {words}")
+        return list(value)
+    raise ValueError(words)
+
+
+LoraTargets = Annotated[
+    str | list[str],
+    PlainValidator(_lora_targets),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"enum": list(LORA_SETS)},
+                {"type": "array", "items": {"enum": list(LORA_MODULES)}, "minItems": 1},
+            ]
+        }
+    ),
+]
 PosInt = Annotated[int, Field(ge=1, strict=True)]
 PosFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
@@ -258,7 +298,34 @@ class TrainWorkload(_Workload):
     )
     micro_batch: PosInt = 1
     lora_rank: PosInt = 16
-    lora_targets: Literal["all", "attention"] = "all"
+    lora_targets: LoraTargets = Field(
+        default="all",
+        description="all linear layers, attention (q,k,v,o), qv (LoRA's q and v), "
+        "or a list of module names such as [q_proj, v_proj]",
+    )
+    optimizer: Literal[
+        "adamw",
+        "adamw_bf16",
+        "adamw_8bit",
+        "paged_adamw",
+        "paged_adamw_8bit",
+        "sgd",
+        "sgd_momentum",
+        "adafactor",
+    ] = Field(
+        default="adamw",
+        description="adamw: fp32 states + fp32 master weights (16 bytes/param with weights "
+        "and grads); adamw_bf16: bf16 states, no master (8); adamw_8bit / paged_adamw_8bit: "
+        "bitsandbytes 8-bit states; paged_adamw: paged 32-bit states; sgd, sgd_momentum; adafactor: factored second moment",
+    )
+    master_weights: bool | None = Field(
+        default=None,
+        description="keep an fp32 copy of the weights; default yes (no for adamw_bf16)",
+    )
+    offload_optimizer: bool = Field(
+        default=False,
+        description="ZeRO-Offload: master weights, optimizer states and gradients in CPU memory",
+    )
     strategy: Literal["auto", "ddp", "zero1", "zero2", "zero3", "fsdp"] = "auto"
     tensor_parallel: PosInt | None = None
     pipeline_parallel: PosInt | None = None
@@ -307,12 +374,23 @@ class Hardware(Strict):
 
 class Constraints(Strict):
     budget_usd: Annotated[float, Field(gt=0)] | None = None
-    mfu: Fraction | None = None
+    mfu: Fraction | None = Field(
+        default=None, description="training MFU; default by model size and GPU class"
+    )
+    goodput: Fraction | None = Field(
+        default=None, description="share of wall time a run makes progress; default 0.9"
+    )
     prefill_efficiency: Fraction | None = None
     bandwidth_efficiency: Fraction | None = None
     network_efficiency: Fraction | None = None
+    nvlink_efficiency: Fraction | None = None
+    allreduce_latency_us: Annotated[float, Field(ge=0)] | None = None
+    step_overhead_per_layer_us: Annotated[float, Field(ge=0)] | None = None
     gpu_memory_utilization: Fraction | None = None
     runtime_overhead_gib: Annotated[float, Field(ge=0)] | None = None
+    engine_non_torch_gib: Annotated[float, Field(ge=0)] | None = None
+    engine_tp_buffers_gib: Annotated[float, Field(ge=0)] | None = None
+    max_num_batched_tokens: PosInt | None = None
     max_num_seqs: PosInt | None = None
     utilization: Fraction | None = None
     pue: Annotated[float, Field(ge=1, le=3)] | None = None
