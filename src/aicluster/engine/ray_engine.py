@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import time
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -166,7 +167,9 @@ class RayEngine:
                 )
             )
             if n.get("Alive") and res.get("CPU"):
-                raylets.append((n["NodeID"], n.get("NodeManagerAddress"), n.get("NodeManagerPort")))
+                raylets.append(
+                    (n["NodeID"], n.get("NodeManagerAddress"), n.get("NodeManagerPort"), res["CPU"])
+                )
         if self.prestarter is not None:
             self.prestarter.seen(raylets)
         return out
@@ -187,6 +190,7 @@ class RayEngine:
             bundle["GPU"] = req.gpus
         if req.memory:
             bundle["memory"] = req.memory
+        took = [time.monotonic()]  # placed, actors up, started: logged per launch
         try:
             pg = placement_group(
                 [dict(bundle) for _ in req.placement],
@@ -199,6 +203,7 @@ class RayEngine:
                 raise LaunchError(
                     "placement group not ready in time (capacity taken outside aicluster?)"
                 )
+            took.append(time.monotonic())
             actors = [
                 _RemoteWorker.options(
                     name=actor_name(req.job_id, req.attempt, rank),
@@ -213,6 +218,7 @@ class RayEngine:
                 for rank in range(len(req.placement))
             ]
             where = ray.get([a.where.remote() for a in actors], timeout=self.launch_timeout)
+            took.append(time.monotonic())
             master_addr, master_port = ray.get(
                 actors[0].node_address.remote(where[0]["ip"]), timeout=self.call_timeout
             )
@@ -237,6 +243,12 @@ class RayEngine:
                     )
                 )
             ray.get(starts, timeout=self.launch_timeout)
+            took.append(time.monotonic())
+            log.info(
+                "launched %s: placement %.2f s, actors %.2f s, start %.2f s",
+                gang_name(req.job_id, req.attempt),
+                *(b - a for a, b in zip(took, took[1:])),
+            )
             if self.prestarter is not None:
                 self.prestarter.used([w["node_id"] for w in where])
             return master_addr, master_port
