@@ -162,6 +162,10 @@ def log(msg: str) -> None:
 # --------------------------------------------------------------------------- data
 
 
+# A line printed this shortly before its machine was SIGKILLed may not have left it yet.
+IN_FLIGHT_S = 0.025
+
+
 @dataclass
 class ChaosConfig:
     jobs: int = 30
@@ -180,6 +184,8 @@ class ChaosConfig:
     keep: bool = False
     json_path: str | None = None
     root: str | None = None  # the temp folder (default: a new one under the system's temp)
+    # a line printed less than this before its machine's kill is in flight, not lost
+    in_flight_s: float = IN_FLIGHT_S
 
 
 @dataclass
@@ -220,7 +226,7 @@ class Results:
     join_retries: int  # rejoins tried twice (the first failed on a loaded machine)
     lines_lost: dict[str, int]  # job id -> lines missing from its logs (only jobs with some)
     lines_total: int
-    # job id -> lines missing that were printed less than IN_FLIGHT_S before their
+    # job id -> lines missing that were printed less than in_flight_s before their
     # machine's kill, or while it died: still in its pipe or network stack, a loss no
     # platform can prevent
     lines_in_flight: dict[str, int]
@@ -540,10 +546,6 @@ def shared_lines(shared: Path, job_id: str, rank: int) -> list[str]:
         return []
 
 
-# A line printed this shortly before its machine was SIGKILLed may not have left it yet.
-IN_FLIGHT_S = 0.025
-
-
 def age_at_kill(line: str, job: str, killed: dict[tuple[str, int], float]) -> float | None:
     """How long before its machine's SIGKILL the (step) line was printed (negative: while
     the machine was being killed, after its first process died); None when the attempt
@@ -688,7 +690,7 @@ def analyse(ch: Chaos) -> Results:
                     continue
                 age = age_at_kill(x, jid, killed)
                 missing += 1
-                if age is not None and age < IN_FLIGHT_S:
+                if age is not None and age < cfg.in_flight_s:
                     late += 1
                     flying_lines.append((jid, x, age))
                 else:
@@ -760,7 +762,7 @@ def analyse(ch: Chaos) -> Results:
         "0 lines lost": {
             "ok": not lost,
             "text": f"{sum(lost.values())} of {lines_total} lines lost in {len(lost)} job(s); "
-            f"{sum(flying.values())} in flight (printed < {IN_FLIGHT_S * 1000:g} ms before "
+            f"{sum(flying.values())} in flight (printed < {cfg.in_flight_s * 1000:g} ms before "
             "its machine's kill, or while it died)",
         },
         "node list = live machines + dead now": {
@@ -905,7 +907,7 @@ def report(res: Results) -> None:
         f"lines lost: {sum(res.lines_lost.values())} of {res.lines_total} "
         f"({len(res.lines_lost)} jobs)"
         + "".join(f"\n  {j}: {n}" for j, n in sorted(res.lines_lost.items()))
-        + f"; in flight (printed < {IN_FLIGHT_S * 1000:g} ms before its machine's kill, or "
+        + f"; in flight (printed < {res.config['in_flight_s'] * 1000:g} ms before its machine's kill, or "
         f"while it died; not counted): {sum(res.lines_in_flight.values())}"
         + "".join(
             f"\n  lost {j}: {line!r}"

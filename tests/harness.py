@@ -71,6 +71,9 @@ class ControlPlaneProc:
     port: int
     proc: subprocess.Popen | None = None
     shared: Path | None = None  # a folder jobs may write (their sandbox hides the rest of /tmp)
+    args: tuple[str, ...] = ()  # more arguments for aicluster.api.server
+    env: dict | None = None  # more environment (AICLUSTER_STATE: the state URL)
+    log_name: str = "controlplane.log"  # replicas sharing a home log to files of their own
 
     @property
     def url(self) -> str:
@@ -82,8 +85,9 @@ class ControlPlaneProc:
 
     def start(self) -> None:
         env = dict(os.environ)  # the session's Ray environment (see tests/conftest.py)
+        env.update(self.env or {})
         self.home.mkdir(parents=True, exist_ok=True)
-        log = open(self.home / "controlplane.log", "ab")
+        log = open(self.home / self.log_name, "ab")
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -96,6 +100,7 @@ class ControlPlaneProc:
                 "--port",
                 str(self.port),
                 *(["--shared-path", str(self.shared)] if self.shared else []),
+                *self.args,
             ],
             env=env,
             stdout=log,
@@ -107,7 +112,7 @@ class ControlPlaneProc:
         def healthy():
             if self.proc.poll() is not None:
                 raise RuntimeError(
-                    "control plane exited:\n" + (self.home / "controlplane.log").read_text()[-3000:]
+                    "control plane exited:\n" + (self.home / self.log_name).read_text()[-3000:]
                 )
             try:
                 client.health()

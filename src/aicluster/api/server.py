@@ -4,6 +4,15 @@ Run by `aicluster up` as `python -m aicluster.api.server`. Invariants: the admin
 token is created once, at first start, and written only to a 0600 file; the API
 binds to loopback unless told otherwise; on SIGTERM the loop stops between ticks
 and running jobs are left to run (a later start adopts them).
+
+Replicas (`aicluster up --join-control-plane`): several control planes may share one
+state database. Every replica serves the API; only the holder of the leader lease
+(store.lease) runs the reconcile loops (controller tick with the service loop, node
+health polling, the accountant). A *term* is one holding of the lease at one epoch: it
+starts as a restarted control plane would (nothing in flight is remembered) and every
+transaction its loop thread commits is fenced by the epoch, as are the engine's launches
+and stops; it ends at once when the lease cannot be renewed. With one replica (the
+default) the lease is taken at start, at once even after a kill -9 of the predecessor.
 """
 
 from __future__ import annotations
@@ -16,9 +25,12 @@ import threading
 from pathlib import Path
 
 from aicluster.control.oplog import LOG_FORMATS, configure_logging
+from aicluster.control.oplog import decision as log_decision
 from aicluster.engine.rayenv import apply_ray_env, ray_temp_dir
+from aicluster.store.lease import StaleLeader, fenced
 
 log = logging.getLogger("aicluster.controlplane")
+decisions = logging.getLogger("aicluster.decisions")  # the operator's log (control.oplog)
 
 
 def bootstrap_admin(store, home: Path) -> None:
@@ -65,6 +77,8 @@ class ControlPlane:
         shared_paths: list[Path] = (),
         retire_down_after_s: float | None = 600.0,
         state: str | None = None,
+        lease_ttl_s: float = 3.0,
+        lease_renew_s: float = 1.0,
     ):
         apply_ray_env(home, loopback=ray_address.startswith("127."))
         from aicluster.api.app import create_app
@@ -88,6 +102,7 @@ class ControlPlane:
         from aicluster.gateway.proxy import Gateway
         from aicluster.store.artifacts import ArtifactStore
         from aicluster.store.db import open_store
+        from aicluster.store.lease import FencedEngine, LeaderElector, LeaderLease
         from aicluster.store.nodes import NodeStore
         from aicluster.store.quotas import QuotaStore
         from aicluster.store.services import ServiceStore
@@ -109,6 +124,9 @@ class ControlPlane:
         )
         sandboxing.warn_if_unavailable()
         self.engine = RayEngine(ray_address, sandbox_for=sandboxing.policy)
+        # The loops act through the fenced engine; the API (any replica) through the plain one.
+        self.lease = LeaderLease(self.store.engine, ttl_s=lease_ttl_s)
+        fenced_engine = FencedEngine(self.engine, self.lease)
         logs = LogStore(home / "logs")
         workdirs = home / "workdirs"
         self.stopping = threading.Event()
@@ -118,16 +136,23 @@ class ControlPlane:
         self.artifacts = ArtifactService(
             ArtifactStore.open(self.store, home), job_team=self._job_team
         )
-        self.node_loop = NodeLoop(
-            NodeStore(self.store),
-            HealthAgents(NAMESPACE),
-            commands=_health_commands(home),
-            retire_down_after_s=retire_down_after_s,
-        )
+        commands = _health_commands(home)
+
+        def node_loop() -> NodeLoop:  # one for the API's admin actions, one per term
+            return NodeLoop(
+                NodeStore(self.store),
+                HealthAgents(NAMESPACE),
+                commands=commands,
+                retire_down_after_s=retire_down_after_s,
+            )
+
+        self._new_node_loop = node_loop
+        self.node_loop = node_loop()
+        self.term_nodes: NodeLoop | None = None  # the current term's: polls health
         quotas = QuotaStore(self.store)
         self.controller = Controller(
             self.store,
-            self.engine,
+            fenced_engine,
             logs,
             workdirs,
             home,
@@ -145,7 +170,7 @@ class ControlPlane:
         service_store = ServiceStore(self.store)
         self.services = ServiceLoop(
             service_store,
-            self.engine,
+            fenced_engine,
             logs,
             table,
             notify=wake,
@@ -180,9 +205,19 @@ class ControlPlane:
                 lambda p: artifact_router(self.artifacts, p),
                 lambda p: metrics_router(self.metrics, p),
                 lambda p: usage_router(UsageOps(usage, self.store.team_exists), p),
+                lambda p: replicas_router(self, p),
                 web_router,
             ],
         )
+        self.elector = LeaderElector(
+            self.lease,
+            renew_s=lease_renew_s,
+            on_elected=self._elected,
+            on_lost=self._lost,
+            url=f"http://{host}:{port}",
+        )
+        self._term: threading.Thread | None = None
+        self._term_over = threading.Event()
 
     def _people_only(self, token: str):
         """The gateway's authentication: users' tokens only; a job's scoped token is not one."""
@@ -194,25 +229,116 @@ class ControlPlane:
         job = self.store.get_job(job_id)
         return job.team if job else None
 
-    def _loop(self) -> None:
-        while not self.stopping.is_set():
-            try:
-                self.controller.tick()
-            except Exception:
-                log.exception("controller tick failed")
-            try:
-                self.accountant.tick()  # every few seconds: lines for ended attempts
-            except Exception:
-                log.exception("usage accounting failed")
-            self.wakeup.wait(self.tick_s)  # a submit or a finished launch ticks at once
-            self.wakeup.clear()
+    def replicas_view(self) -> dict:
+        """The replicas (heartbeat rows), the lease's holder, epoch and age: GET
+        /v1/control-plane, `aicluster status`. Ages are on the lease's clock."""
+        from aicluster.store.lease import replicas
+
+        now = self.lease.now()
+        lease = self.lease.current()
+        live = lease is not None and lease.expires_at > now
+        leader = None
+        if lease is not None:
+            leader = {
+                "holder": lease.holder,
+                "epoch": lease.epoch,
+                "acquired_s_ago": round(now - lease.acquired_at, 3),
+                "renewed_s_ago": round(now - lease.renewed_at, 3),
+                "expires_in_s": round(lease.expires_at - now, 3),
+                "expired": not live,
+            }
+        rows = [
+            {
+                "holder": r.holder,
+                "url": r.url,
+                "host": r.host,
+                "pid": r.pid,
+                "started_s_ago": round(now - r.started_at, 3),
+                "heartbeat_s_ago": round(now - r.heartbeat_at, 3),
+                "alive": now - r.heartbeat_at < 3 * self.lease.ttl_s,
+                "leader": live and r.holder == lease.holder,
+                "leading_epoch": r.leading_epoch,
+            }
+            for r in replicas(self.store.engine)
+        ]
+        return {
+            "this": self.lease.holder,
+            "ttl_s": self.lease.ttl_s,
+            "leader": leader,
+            "replicas": rows,
+        }
+
+    # -- leadership: the loops run in terms ------------------------------------------------
+
+    def _elected(self, epoch: int) -> None:
+        """A term begins (on the lease's thread): fresh in-flight state, the loops started."""
+        if self._term is not None:  # the previous term's last tick (fenced: it cannot act)
+            self._term.join(timeout=self.lease.ttl_s)
+            if self._term.is_alive():
+                log.warning("the loops of the previous term are still in a tick")
+        log_decision(decisions, "leader_elected", holder=self.lease.holder, epoch=epoch)
+        self.controller.new_term()
+        self.services.new_term()
+        self.term_nodes = self._new_node_loop()
+        self.controller.node_loop = self.term_nodes
+        self._term_over = over = threading.Event()
+        self._term = threading.Thread(
+            target=self._loop, args=(epoch, over), name=f"reconcile-{epoch}", daemon=True
+        )
+        self._term.start()
+        self.term_nodes.start()
+
+    def _lost(self, epoch: int, why: str) -> None:
+        """The term ends at once: its loops stop (what they still try is fenced)."""
+        self._term_over.set()
+        self.wakeup.set()
+        if self.term_nodes is not None:
+            self.term_nodes.stop()
+        level = logging.INFO if self.stopping.is_set() else logging.WARNING
+        rejected = self.lease.rejected
+        log_decision(
+            decisions,
+            "leadership_lost",
+            level,
+            holder=self.lease.holder,
+            epoch=epoch,
+            why=why,
+            rejected=rejected,
+        )
+        try:
+            message = f"epoch {epoch}: {why}; {rejected} stale write(s) rejected so far"
+            self.store.add_event(
+                "control_plane", self.lease.holder[:96], None, "LeadershipLost", message=message
+            )
+        except Exception:  # noqa: BLE001 - the database may be what failed
+            log.warning("could not record the end of epoch %d", epoch)
+
+    def _loop(self, epoch: int, over: threading.Event) -> None:
+        with fenced(self.lease, epoch):
+            while not (over.is_set() or self.stopping.is_set()):
+                self._tick()
+        log.info("reconcile loops of epoch %d stopped", epoch)
+
+    def _tick(self) -> None:
+        try:
+            self.controller.tick()
+        except StaleLeader as exc:
+            log.warning("stale leader: %s", exc)
+        except Exception:
+            log.exception("controller tick failed")
+        try:
+            self.accountant.tick()  # every few seconds: lines for ended attempts
+        except StaleLeader as exc:
+            log.warning("stale leader: %s", exc)
+        except Exception:
+            log.exception("usage accounting failed")
+        self.wakeup.wait(self.tick_s)  # a submit or a finished launch ticks at once
+        self.wakeup.clear()
 
     def serve(self) -> None:
         import uvicorn
 
-        loop = threading.Thread(target=self._loop, name="reconcile", daemon=True)
-        loop.start()
-        self.node_loop.start()
+        self.elector.start()  # leads at once when the lease is free
         # No colour codes (the log is a file); in JSON mode uvicorn's records go through
         # the root handler (control.oplog.JsonFormatter) like every other line.
         plain = {"log_config": None} if self.log_format == "json" else {}
@@ -230,10 +356,26 @@ class ControlPlane:
         finally:
             self.stopping.set()
             self.wakeup.set()
-            self.node_loop.stop()
-            loop.join(timeout=30)
+            if self._term is not None:
+                self._term.join(timeout=30)
+            self.elector.stop()  # ends the term, then releases the lease
             self.controller.close()
             self.store.close()
+
+
+def replicas_router(cp: ControlPlane, principal):
+    """GET /v1/control-plane: this replica, the leader lease and every replica."""
+    from fastapi import APIRouter, Depends
+
+    from aicluster.api.errors import responses
+
+    r = APIRouter()
+
+    @r.get("/v1/control-plane", responses=responses(401))
+    def control_plane(who=Depends(principal)):
+        return cp.replicas_view()
+
+    return r
 
 
 def _control_plane(home: Path, args) -> ControlPlane:
@@ -251,6 +393,8 @@ def _control_plane(home: Path, args) -> ControlPlane:
             shared_paths=args.shared_path,
             retire_down_after_s=args.retire_down_after,
             state=args.state,
+            lease_ttl_s=args.lease_ttl,
+            lease_renew_s=args.lease_renew,
         )
     except StateStoreError as exc:
         raise SystemExit(f"--state: {exc}") from None
@@ -284,18 +428,41 @@ def main(argv: list[str] | None = None) -> None:
         help="the state store: a SQLite file or postgresql://... (default HOME/state.db)",
     )
     p.add_argument(
+        "--replica",
+        action="store_true",
+        help="a further replica (aicluster up --join-control-plane): its pid and URL go to "
+        "HOME/controlplane-PORT.json, not HOME/controlplane.json",
+    )
+    p.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="the leader lease's time to live: a follower takes over this long after the "
+        "leader stopped renewing",
+    )
+    p.add_argument(
+        "--lease-renew",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="how often the leader renews the lease and a follower tries to take it",
+    )
+    p.add_argument(
         "--log-format",
         choices=LOG_FORMATS,
         default="text",
         help="text: key=value lines; json: one JSON object per line",
     )
     args = p.parse_args(argv)
+    if not 0 < args.lease_renew < args.lease_ttl:
+        p.error("--lease-renew must be positive and shorter than --lease-ttl")
     configure_logging(args.log_format)
     home = Path(args.home)
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)  # admin.token, state.db and every team's logs live here
     cp = _control_plane(home, args)
-    (home / "controlplane.json").write_text(
+    (home / (f"controlplane-{args.port}.json" if args.replica else "controlplane.json")).write_text(
         json.dumps({"pid": os.getpid(), "url": f"http://{args.host}:{args.port}"})
     )
     cp.log_format = args.log_format

@@ -1,7 +1,8 @@
 """`aicluster up | down | join`: the processes of one machine.
 
 Files under AICLUSTER_HOME: platform.json (what `up`/`join` started),
-controlplane.json (pid and URL of the control plane), client.json (the API URL for
+controlplane.json (pid and URL of the control plane; controlplane-PORT.json and
+controlplane-PORT.log for a further replica, `up --join-control-plane`), client.json (the API URL for
 the CLI), admin.token (0600), machine-id (0600: this machine's stable node identity,
 kept across rejoins), state.db (or state.json: the database `up --state` was given), logs/.
 """
@@ -112,6 +113,7 @@ def _start_control_plane(
     retire_down_after: float = 600.0,
     log_format: str = "text",
     state: str | None = None,
+    replica: bool = False,
 ) -> str:
     url = f"http://{host}:{port}"
     env = dict(os.environ)
@@ -139,7 +141,10 @@ def _start_control_plane(
     ]
     for path in shared:
         cmd += ["--shared-path", path]
-    log = open(home / "controlplane.log", "ab")
+    log_path = home / (f"controlplane-{port}.log" if replica else "controlplane.log")
+    if replica:
+        cmd.append("--replica")
+    log = open(log_path, "ab")
     proc = subprocess.Popen(
         cmd,
         env=env,
@@ -151,7 +156,7 @@ def _start_control_plane(
     deadline = time.time() + 120
     while time.time() < deadline:
         if proc.poll() is not None:
-            tail = (home / "controlplane.log").read_text(errors="replace").splitlines()[-20:]
+            tail = log_path.read_text(errors="replace").splitlines()[-20:]
             err.print("[red]the control plane exited:[/red]\n" + "\n".join(tail))
             raise typer.Exit(1)
         if _healthy(url):
@@ -203,6 +208,16 @@ def up(
             "remembered for later starts (AICLUSTER_HOME/state.json)",
         ),
     ] = None,
+    join_control_plane: Annotated[
+        bool,
+        typer.Option(
+            "--join-control-plane",
+            help="start a further control-plane replica on this machine, on the "
+            "installation's PostgreSQL state and Ray cluster (this machine must be the head "
+            "or have joined with `aicluster join`); it serves the API and leads when the "
+            "leader stops renewing its lease. Give it its own --api-port",
+        ),
+    ] = False,
 ) -> None:
     """Start Ray and the control plane on this machine (state in AICLUSTER_HOME, or in
     PostgreSQL with --state)."""
@@ -220,6 +235,9 @@ def up(
     home = home_dir()
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)
+    if join_control_plane:
+        _join_control_plane(home, state, api_host, api_port, policy, log_format)
+        return
     state_url, _ = state_location(home, state)  # checked before anything starts
     check_reachable(state_url)
     if state is not None:
@@ -280,6 +298,42 @@ def up(
         )
 
 
+def _join_control_plane(
+    home: Path, state: str | None, host: str, port: int, policy: str, log_format: str
+) -> None:
+    """`up --join-control-plane`: one more replica on this machine's Ray node."""
+    state_url, _ = state_location(home, state)
+    if not state_url.startswith("postgresql"):
+        err.print(
+            "[red]--join-control-plane: replicas share a PostgreSQL state database; give "
+            "--state postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (the one the first "
+            "control plane uses)[/red]"
+        )
+        raise typer.Exit(2)
+    check_reachable(state_url)
+    if state is not None:
+        remember_state(home, state_url)
+    platform = _read_json(home / "platform.json")
+    ray_address = platform.get("ray_address") or platform.get("head")
+    if not ray_address:
+        err.print(
+            "[red]--join-control-plane: this machine is not in the cluster; run `aicluster "
+            "join HEAD` here first (a control plane runs on a Ray node)[/red]"
+        )
+        raise typer.Exit(2)
+    url = f"http://{host}:{port}"
+    if _healthy(url):
+        err.print(f"[red]--api-port {port}: a control plane already answers at {url}[/red]")
+        raise typer.Exit(2)
+    url = _start_control_plane(
+        home, ray_address, host, port, policy, log_format=log_format, state=state_url, replica=True
+    )
+    if not (home / "client.json").exists():
+        _write_json(home / "client.json", {"url": url})
+    out.print(f"control-plane replica up: API {url}  (log {home / f'controlplane-{port}.log'})")
+    out.print("  it follows until the leader stops renewing its lease; see `aicluster status`")
+
+
 def _ray_alive(home: Path) -> bool:
     from aicluster.engine.raynode import installation_processes
 
@@ -305,20 +359,21 @@ def down() -> None:
     from aicluster.engine.raynode import kill_installation
 
     home = home_dir()
-    cp = _read_json(home / "controlplane.json")
-    pid = cp.get("pid")
-    if _pid_alive(pid):
-        os.kill(pid, signal.SIGTERM)
-        try:
-            psutil.Process(pid).wait(timeout=30)
-        except psutil.TimeoutExpired:
-            os.kill(pid, signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
+    # further replicas first (`up --join-control-plane`), so the main one is not replaced
+    for path in [*sorted(home.glob("controlplane-*.json")), home / "controlplane.json"]:
+        pid = _read_json(path).get("pid")
+        if _pid_alive(pid):
+            os.kill(pid, signal.SIGTERM)
+            try:
+                psutil.Process(pid).wait(timeout=30)
+            except psutil.TimeoutExpired:
+                os.kill(pid, signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        path.unlink(missing_ok=True)
     n = kill_installation(home)
     _clear_stale_work(home)  # the workloads' folders
-    for name in ("controlplane.json", "platform.json"):
-        (home / name).unlink(missing_ok=True)
+    (home / "platform.json").unlink(missing_ok=True)
     out.print(f"aicluster is down ({n} Ray process(es) stopped)")
 
 
@@ -395,6 +450,9 @@ def info() -> None:
 
 
 def register(app: typer.Typer) -> None:
+    from aicluster.cli import replicas_cmds
+
+    replicas_cmds.register(app)  # `aicluster status`
     app.command()(info)
     app.command()(up)
     app.command()(down)

@@ -58,7 +58,7 @@ class Controller:
         workdirs: Path,
         home: Path,
         clock=time.time,
-        launch_threads: int = 4,
+        launch_threads: int = 8,
         notify=lambda: None,
         metrics=None,
         node_loop=None,
@@ -96,6 +96,16 @@ class Controller:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=False)
+
+    def new_term(self) -> None:
+        """Lead afresh (a control-plane replica was elected, api.server): as a restarted
+        control plane would, from the store alone; launches of an earlier term are no
+        longer this loop's (ADMITTED jobs are adopted or redone, their gangs collected)."""
+        self.launching = {}
+        self.lost_since.clear()
+        self.last_heard.clear()
+        self.alive = None
+        self.last_gc = 0.0
 
     # -- the loop -------------------------------------------------------------------
 

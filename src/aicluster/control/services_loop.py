@@ -95,6 +95,13 @@ class ServiceLoop:
         self.secrets = ReplicaSecrets(home)
         self._served: dict[str, str] = {}  # spec JSON -> served model name
 
+    def new_term(self) -> None:
+        """Lead afresh (see Controller.new_term): replicas launched in an earlier term that
+        never learnt their URL fail and are replaced, as after a restart."""
+        self.launching = {}
+        self.waiting.clear()
+        self.starting_since.clear()
+
     # -- WorkloadSource ---------------------------------------------------------------
 
     def reconcile(

@@ -1,0 +1,232 @@
+"""Two control-plane replicas on one PostgreSQL database: one leads (store.lease), the
+other serves the API and takes over when the leader is killed (-9) or paused (SIGSTOP)
+past its lease; a paused leader that wakes up leads no more and starts nothing twice.
+
+The replicas get a Ray cluster of their own (a head and one 4-CPU node): the session's
+control plane collects every gang its store does not know, and would stop theirs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+from typer.testing import CliRunner
+
+from aicluster.cli.main import app
+from aicluster.engine.protocol import POOL_LABEL
+from aicluster.store.db import state_url
+
+from harness import (
+    COMMON_NODE_ARGS,
+    FAST_NODE_DEATH,
+    TERMINAL,
+    ControlPlaneProc,
+    free_port,
+    wait_for,
+)
+
+pytestmark = pytest.mark.ray
+
+TTL, RENEW = "2", "0.5"
+
+
+@pytest.fixture(scope="module")
+def mini_ray():
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        connect=False,
+        head_node_args=dict(
+            num_cpus=0,
+            num_gpus=0,
+            labels={POOL_LABEL: "system"},
+            _system_config=FAST_NODE_DEATH,
+            **COMMON_NODE_ARGS,
+        ),
+    )
+    cluster.add_node(num_cpus=4, **COMMON_NODE_ARGS)
+    cluster.wait_for_nodes()
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def replicas(mini_ray, pg_server, tmp_path_factory):
+    url = pg_server.create_database()
+    home = tmp_path_factory.mktemp("replicas") / "home"
+    shared = tmp_path_factory.mktemp("replicas-shared")
+    shared.chmod(0o1777)
+
+    def replica(name: str) -> ControlPlaneProc:
+        return ControlPlaneProc(
+            home,
+            mini_ray.address,
+            free_port(),
+            shared=shared,
+            args=("--lease-ttl", TTL, "--lease-renew", RENEW),
+            env={"AICLUSTER_STATE": url},
+            log_name=f"controlplane-{name}.log",
+        )
+
+    a, b = replica("a"), replica("b")
+    a.start()
+    wait_for(lambda: _view(a)["leader"], timeout=30, what="a leads")
+    b.start()
+    db = create_engine(state_url(url))
+    yield {"a": a, "b": b, "db": db, "shared": shared, "url": url}
+    for cp in (a, b):
+        if cp.proc and cp.proc.poll() is None:
+            os.killpg(cp.proc.pid, signal.SIGCONT)
+            cp.stop()
+    db.dispose()
+
+
+def _view(cp: ControlPlaneProc) -> dict:
+    r = httpx.get(cp.url + "/v1/control-plane", headers=_auth(cp), timeout=5)
+    r.raise_for_status()
+    return r.json()
+
+
+def _auth(cp: ControlPlaneProc) -> dict:
+    return {"Authorization": f"Bearer {cp.admin_token}"}
+
+
+def _leader_holder(cp: ControlPlaneProc) -> tuple[str, int] | None:
+    lead = _view(cp)["leader"]
+    return (lead["holder"], lead["epoch"]) if lead and not lead["expired"] else None
+
+
+def _submit(cp: ControlPlaneProc, shared, prefix: str, n: int) -> list[str]:
+    ids = []
+    for i in range(n):
+        spec = {
+            "kind": "job",
+            "name": f"{prefix}-{i}",
+            "resources": {"cpus": 0.5},
+            "command": f"echo $AICLUSTER_JOB_ID >> {shared}/starts; sleep 4; echo done",
+        }
+        ids.append(cp.client().submit(spec, None)["id"])
+    return ids
+
+
+def _wait_started(cp: ControlPlaneProc, ids: list[str], what: str) -> None:
+    """Every job past its launch, so that a takeover adopts it rather than redoing it."""
+    started = {"RUNNING", "SUCCEEDED"}
+    wait_for(
+        lambda: all(cp.client().job(j)["status"] in started for j in ids), timeout=60, what=what
+    )
+
+
+def _all_terminal(cp: ControlPlaneProc, ids: list[str]):
+    jobs = [cp.client().job(j) for j in ids]
+    return all(j["status"] in TERMINAL for j in jobs) and jobs
+
+
+def _succeeded_once(db, shared, ids: list[str]) -> None:
+    starts = Counter((shared / "starts").read_text().split())
+    assert all(starts[j] == 1 for j in ids), {j: starts[j] for j in ids}
+    with db.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT object_id, count(*) FROM events WHERE type = 'JobTransition' "
+                "AND to_status = 'SUCCEEDED' GROUP BY object_id"
+            )
+        ).all()
+        admitted = conn.execute(
+            text(
+                "SELECT object_id, count(*) FROM events WHERE type = 'JobTransition' "
+                "AND to_status = 'ADMITTED' GROUP BY object_id"
+            )
+        ).all()
+    assert {j: 1 for j in ids}.items() <= dict(rows).items()
+    assert all(dict(admitted)[j] == 1 for j in ids), "each job was admitted once"
+
+
+def test_follower_takes_over_from_a_killed_leader(replicas):
+    a, b, db, shared = replicas["a"], replicas["b"], replicas["db"], replicas["shared"]
+    first = _leader_holder(b)  # the follower answers for the leader too
+    assert first is not None and first == _leader_holder(a)
+    view = _view(b)
+    assert [r["leader"] for r in view["replicas"]].count(True) == 1
+    assert len(view["replicas"]) == 2 and all(r["alive"] for r in view["replicas"])
+    shown = CliRunner().invoke(app, ["status", "--url", b.url, "--token", b.admin_token])
+    assert shown.exit_code == 0, shown.output
+    said = " ".join(shown.output.split())
+    assert f"leader {first[0]}, epoch {first[1]}" in said
+    assert said.count("follower") == 1 and "(* the replica that answered)" in said
+    ids = _submit(b, shared, "k", 6)  # through the follower: the leader picks them up
+    _wait_started(a, ids, "the jobs running under the first leader")
+    killed = time.monotonic()
+    a.kill9()
+    took = wait_for(
+        lambda: (lead := _leader_holder(b)) and lead[1] > first[1] and lead,
+        timeout=20,
+        interval=0.05,
+        what="the follower to lead",
+    )
+    elapsed = time.monotonic() - killed
+    assert took[0] == _view(b)["this"] and elapsed < float(TTL) + 2
+    done = wait_for(lambda: _all_terminal(b, ids), timeout=60, what="the jobs to end")
+    assert [j["status"] for j in done] == ["SUCCEEDED"] * len(ids), done
+    _succeeded_once(db, shared, ids)
+    assert "leader_elected" in (a.home / "controlplane-b.log").read_text()
+
+
+def test_a_paused_leader_is_fenced_and_leads_no_more(replicas):
+    a, b, db, shared = replicas["a"], replicas["b"], replicas["db"], replicas["shared"]
+    a.start()  # back, as a follower of b
+    before = _leader_holder(a)
+    assert before is not None and before[0] == _view(b)["this"]
+    ids = _submit(a, shared, "s", 6)
+    _wait_started(b, ids, "the jobs running under b")
+    os.killpg(b.proc.pid, signal.SIGSTOP)
+    paused = time.monotonic()
+    try:
+        took = wait_for(
+            lambda: (lead := _leader_holder(a)) and lead[1] > before[1] and lead,
+            timeout=20,
+            interval=0.05,
+            what="a to lead while b is paused",
+        )
+        assert float(TTL) - 0.5 < time.monotonic() - paused < float(TTL) + 3
+        assert took[0] == _view(a)["this"]
+        wait_for(lambda: _all_terminal(a, ids), timeout=60, what="the jobs to end under a")
+    finally:
+        os.killpg(b.proc.pid, signal.SIGCONT)
+    log_b = b.home / "controlplane-b.log"
+    wait_for(lambda: "leadership_lost" in log_b.read_text(), timeout=15, what="b to know it lost")
+    wait_for(
+        lambda: f"reconcile loops of epoch {before[1]} stopped" in log_b.read_text(),
+        timeout=15,
+        what="b's loops to stop",
+    )
+    assert _leader_holder(b) == took, "b follows a now"
+    with db.connect() as conn:
+        lost = (
+            conn.execute(
+                text("SELECT message FROM events WHERE type = 'LeadershipLost' AND object_id = :h"),
+                {"h": before[0]},
+            )
+            .scalars()
+            .all()
+        )
+        epochs = conn.execute(text("SELECT epoch, holder FROM leader_lease")).one()
+    assert lost and lost[-1].startswith(f"epoch {before[1]}: the lease expired"), lost
+    assert tuple(epochs) == (took[1], took[0])
+    _succeeded_once(db, shared, ids)
+    # b's view of jobs it had running when paused changed nothing after a took over
+    with db.connect() as conn:
+        late = conn.execute(
+            text(
+                "SELECT count(*) FROM events WHERE type = 'JobTransition' "
+                "AND object_id LIKE 's-%' AND to_status IN ('PENDING', 'FAILED')"
+            )
+        ).scalar()
+    assert late == 0, "no requeue or failure from a stale leader"
