@@ -49,6 +49,7 @@ READS = {
     "GET /v1/usage",
     "GET /v1/usage/lines",
     "GET /v1/prices",
+    "GET /v1/control-plane",  # replicas and the leader lease: no team's data
 }
 
 SERVICE = {
