@@ -253,7 +253,7 @@ def test_an_acquisition_waits_for_a_fenced_commit_in_flight(store):
     def slow_holds(conn=None, epoch=None):
         ok = holds(conn, epoch)
         checked.set()
-        time.sleep(0.5)  # between the check and the commit
+        _until_another_waits_on_a_lock(store.engine)  # b, between this check and the commit
         return ok
 
     a.holds = slow_holds
@@ -273,6 +273,26 @@ def test_an_acquisition_waits_for_a_fenced_commit_in_flight(store):
     assert store.get_job(job.id).status == JobStatus.ADMITTED
     with fenced(a, epoch=1), pytest.raises(StaleLeader):
         store.transition(job.id, JobStatus.ADMITTED, JobStatus.RUNNING, Reason.STARTED)
+
+
+def _until_another_waits_on_a_lock(engine, timeout: float = 10.0) -> None:
+    """PostgreSQL: return once some other session of this database waits on a lock (or
+    after `timeout`: the test's own assertions then say what went wrong)."""
+    from sqlalchemy import text
+
+    deadline = time.monotonic() + timeout
+    with engine.connect() as conn:
+        while time.monotonic() < deadline:
+            waiting = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                )
+            ).scalar()
+            conn.rollback()
+            if waiting:
+                return
+            time.sleep(0.01)
 
 
 def test_the_engine_fence_checks_a_fenced_thread_at_its_own_epoch(store):
@@ -305,7 +325,7 @@ def test_a_takeover_during_the_leaders_event_horizon_does_not_deadlock(store):
 
     def slow_holds(conn=None, epoch=None):
         in_hook.set()
-        time.sleep(0.5)  # b's acquisition starts meanwhile
+        _until_another_waits_on_a_lock(store.engine)  # b's acquisition, behind this one
         return holds(conn, epoch)
 
     a.holds = slow_holds

@@ -98,9 +98,8 @@ class Controller:
         self.pool.shutdown(wait=True, cancel_futures=False)
 
     def new_term(self) -> None:
-        """Lead afresh (a control-plane replica was elected, api.server): as a restarted
-        control plane would, from the store alone; launches of an earlier term are no
-        longer this loop's (ADMITTED jobs are adopted or redone, their gangs collected)."""
+        """Lead afresh (a replica was elected, api.server), from the store alone as after a
+        restart: ADMITTED jobs of an earlier term are adopted or redone, gangs collected."""
         self.launching = {}
         self.lost_since.clear()
         self.last_heard.clear()
@@ -270,9 +269,8 @@ class Controller:
             message = f"rank {lost[0].rank}: {where}"
             self._end_attempt(job, reason, message, interrupted_at=interrupted_at)
         elif failed:
-            # The outcome is recorded before the gang is stopped: a control plane killed
-            # in between finds the job ended (collect_garbage stops its gang), never a
-            # RUNNING job whose workers vanished, which it would retry or misname.
+            # Outcome first, then the stop: a control plane killed in between finds the job
+            # ended (collect_garbage stops the gang), not RUNNING with vanished workers.
             first = failed[0]
             self._fail(
                 job,

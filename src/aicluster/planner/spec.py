@@ -36,6 +36,7 @@ from pydantic import (
     model_validator,
 )
 
+from aicluster.planner.optimizers import OPTIMIZERS
 from aicluster.specs.job import Strict
 from aicluster.specs.loader import SpecLoader
 from aicluster.specs.names import NAME_HELP, NAME_PATTERN, check_name
@@ -303,16 +304,7 @@ class TrainWorkload(_Workload):
         description="all linear layers, attention (q,k,v,o), qv (LoRA's q and v), "
         "or a list of module names such as [q_proj, v_proj]",
     )
-    optimizer: Literal[
-        "adamw",
-        "adamw_bf16",
-        "adamw_8bit",
-        "paged_adamw",
-        "paged_adamw_8bit",
-        "sgd",
-        "sgd_momentum",
-        "adafactor",
-    ] = Field(
+    optimizer: Literal[OPTIMIZERS] = Field(
         default="adamw",
         description="adamw: fp32 states + fp32 master weights (16 bytes/param with weights "
         "and grads); adamw_bf16: bf16 states, no master (8); adamw_8bit / paged_adamw_8bit: "
