@@ -121,6 +121,10 @@ class FakeEngine:
         self.launch_gate = threading.Event()
         self.launch_gate.set()
         self.held: set[str] = set()  # job ids whose launched workers do not start
+        # Cleared, `status` blocks until it is set again: a gang that does not answer
+        # (an actor still being created), for as long as the test wants (set by default).
+        self.status_gate = threading.Event()
+        self.status_gate.set()
 
     # -- scripting (the test's side) ---------------------------------------------------
 
@@ -209,6 +213,7 @@ class FakeEngine:
             self.gangs[(req.job_id, req.attempt)] = FakeGang(req, workers)
 
     def status(self, job_id: str, attempt: int, offsets: list[int]) -> list[WorkerState]:
+        self.status_gate.wait(timeout=10)
         with self._lock:
             gang = self.gangs.get((job_id, attempt))
             out = []

@@ -17,14 +17,18 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
 
 from aicluster.control.logs import LogStore
 from aicluster.control.oplog import decision as log_decision
 from aicluster.control.recovery import newest_checkpoint, recovery
-from aicluster.control.snapshot import build_snapshot, job_artifact_keys, job_workload
+from aicluster.control.snapshot import (
+    WorkloadSource,
+    build_snapshot,
+    job_artifact_keys,
+    job_workload,
+)
 from aicluster.core.lifecycle import (
     JobStatus,
     Reason,
@@ -193,24 +197,35 @@ class Controller:
 
     def _reconcile_admitted(self, job: JobRecord) -> None:
         fut = self.launching.get(job.id)
-        if fut is not None:
-            if not fut.done():
-                return
-            del self.launching[job.id]
-            exc = fut.exception()
-            if exc is None:
-                self._running(job)
-            else:
-                self._end_attempt(job, Reason.LAUNCH_FAILED, str(exc))
+        if fut is None:  # admitted by an earlier term that died mid-launch: adopt or redo
+            fut = self.launching[job.id] = self.pool.submit(self._adopt, job)
+            fut.add_done_callback(lambda _f: self.notify())
+        if not fut.done():
             return
-        # Admitted by an earlier control plane that died mid-launch: adopt or redo.
-        states = self.engine.status(job.id, job.attempt, [0] * len(job.placement or []))
-        if states and all(s.started and not s.lost for s in states):
+        del self.launching[job.id]
+        exc = fut.exception()
+        redo = fut.result() if exc is None else None
+        if isinstance(redo, _Redo):
+            self._requeue(job, RequeueCause.CONTROL_PLANE_RESTARTED, redo.why)
+        elif exc is None:
             self._running(job)
         else:
-            self.engine.stop(job.id, job.attempt, len(job.placement or []))
-            message = "control plane restarted during launch"
-            self._requeue(job, RequeueCause.CONTROL_PLANE_RESTARTED, message)
+            self._end_attempt(job, Reason.LAUNCH_FAILED, str(exc))
+
+    def _adopt(self, job: JobRecord) -> _Redo | None:
+        """On the pool, as a launch is (a half-created gang may take the engine's call
+        timeout to answer, and the loop must not wait): None when every worker of the
+        orphaned attempt runs, else the gang is stopped and the attempt is to be redone."""
+        why = "control plane restarted during launch"
+        workers = len(job.placement or [])
+        try:
+            states = self.engine.status(job.id, job.attempt, [0] * workers)
+            if states and all(s.started and not s.lost for s in states):
+                return None
+        except Exception as exc:  # noqa: BLE001 - unknown state: redo it
+            why = f"{why} ({type(exc).__name__}: {exc})"
+        self.engine.stop(job.id, job.attempt, workers)
+        return _Redo(why)
 
     def _running(self, job: JobRecord) -> None:
         """ADMITTED -> RUNNING; after a requeue, say (and measure) how long recovery took,
@@ -577,20 +592,11 @@ class Controller:
                 self.engine.stop(job_id, attempt, max(workers, _spec_workers(job)))
 
 
-class WorkloadSource(Protocol):
-    """A kind of workload besides jobs that the controller schedules in the same cycle."""
+@dataclass(frozen=True)
+class _Redo:
+    """An orphaned attempt that `_adopt` stopped: it is requeued, saying why."""
 
-    def reconcile(
-        self, nodes: list[NodeInfo], alive: set[str], draining: frozenset[str]
-    ) -> None: ...
-
-    def pending_workloads(self) -> list: ...
-
-    def active_workloads(self) -> list: ...
-
-    def apply(self, decision) -> None: ...
-
-    def owns(self, gang_id: str) -> bool: ...
+    why: str
 
 
 def _spec_workers(job: JobRecord | None) -> int:

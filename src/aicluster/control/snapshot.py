@@ -8,6 +8,7 @@ there, so decisions never depend on Ray's view of free resources lagging behind.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from aicluster.core.model import GangRequest, NodeView, Quota, Res, RunningWorkload, Snapshot
 from aicluster.engine.protocol import NodeInfo
@@ -140,3 +141,19 @@ def build_snapshot(
     return Snapshot(
         nodes=views, pending=tuple(w.gang() for w in pending), running=running, quotas=tuple(quotas)
     )
+
+
+class WorkloadSource(Protocol):
+    """A kind of workload besides jobs that the controller schedules in the same cycle."""
+
+    def reconcile(
+        self, nodes: list[NodeInfo], alive: set[str], draining: frozenset[str]
+    ) -> None: ...
+
+    def pending_workloads(self) -> list: ...
+
+    def active_workloads(self) -> list: ...
+
+    def apply(self, decision) -> None: ...
+
+    def owns(self, gang_id: str) -> bool: ...
