@@ -124,6 +124,24 @@ class PgServer:
     def stop(self) -> None:
         self._run(self.bin / "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
 
+    def restart(self) -> None:
+        """A crash and a restart on the same port (pg_ctl reuses the options it started
+        with): every session is cut (`immediate`: no checkpoint, as after a power cut)."""
+        proc = self._run(
+            self.bin / "pg_ctl",
+            "-D",
+            self.data,
+            "-l",
+            self.folder / "server.log",  # else the server holds our output pipe open
+            "-m",
+            "immediate",
+            "-w",
+            "-t",
+            "60",
+            "restart",
+        )
+        self._check(proc, f"pg_ctl restart (log: {self.folder / 'server.log'})")
+
 
 @pytest.fixture(scope="session")
 def pg_server():

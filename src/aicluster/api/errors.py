@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aicluster.specs.errors import SpecError
@@ -103,7 +104,17 @@ def _handler(status: int):
     return handle
 
 
+async def _store_down(_req: Request, _exc: Exception) -> JSONResponse:
+    """The state store's connection failed (a database restarting, a network cut): the
+    request did nothing that was committed, so the client may retry it (on any replica)."""
+    response = error(503, "the state store is unavailable; retry shortly")
+    response.headers["Retry-After"] = "1"
+    return response
+
+
 def install_error_handlers(app: FastAPI, mapping: dict[type[Exception], int]) -> None:
+    app.add_exception_handler(OperationalError, _store_down)
+    app.add_exception_handler(InterfaceError, _store_down)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(SpecError, _spec_error)

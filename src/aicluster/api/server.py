@@ -24,6 +24,8 @@ import os
 import threading
 from pathlib import Path
 
+from sqlalchemy.exc import InterfaceError, OperationalError
+
 from aicluster.control.oplog import LOG_FORMATS, configure_logging
 from aicluster.control.oplog import decision as log_decision
 from aicluster.engine.rayenv import apply_ray_env, ray_temp_dir
@@ -324,6 +326,9 @@ class ControlPlane:
             self.controller.tick()
         except StaleLeader as exc:
             log.warning("stale leader: %s", exc)
+        except (OperationalError, InterfaceError) as exc:  # the next tick retries
+            why = (str(exc.orig).splitlines() or [type(exc).__name__])[0]
+            log.warning("the state store is unreachable: %s", why)
         except Exception:
             log.exception("controller tick failed")
         try:
