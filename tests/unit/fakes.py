@@ -281,9 +281,9 @@ def failing(name: str = "gpu0", message: str = "3 uncorrected ECC errors") -> He
 
 
 def settle(*loops) -> None:
-    """Let every launch the loops started finish (a condition, not a sleep): the
-    controller and the service loop launch on thread pools."""
+    """Let every launch (and stop of a stray gang) the loops started finish (a condition,
+    not a sleep): the controller and the service loop launch on thread pools."""
     for loop in loops:
-        futures = list(loop.launching.values())
+        futures = [*loop.launching.values(), *getattr(loop, "collecting", {}).values()]
         done, pending = wait(futures, timeout=10)
         assert not pending, f"{len(pending)} launch(es) still running"

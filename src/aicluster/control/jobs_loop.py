@@ -88,6 +88,8 @@ class Controller:
         self.workdirs, self.home, self.clock = workdirs, home, clock
         self.launching: dict[str, Future] = {}
         self.pool = ThreadPoolExecutor(launch_threads, thread_name_prefix="launch")
+        self.gc_pool = ThreadPoolExecutor(2, thread_name_prefix="collect")
+        self.collecting: dict[tuple[str, int], Future] = {}  # stray gangs being stopped
         self.alive: set[str] | None = None
         self.nodes: list[NodeInfo] = []
         self.lost_since: dict[str, float] = {}  # job id -> when a worker was first seen lost
@@ -100,6 +102,7 @@ class Controller:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=False)
+        self.gc_pool.shutdown(wait=True, cancel_futures=False)
 
     def new_term(self) -> None:
         """Lead afresh (a replica was elected, api.server), from the store alone as after a
@@ -547,6 +550,7 @@ class Controller:
             AICLUSTER_ATTEMPT=str(attempt),
             AICLUSTER_RESTARTS=str(rec.restarts),
         )
+        env.update(spec.checkpoint.env() if spec.checkpoint else {})  # checkpoint.save
         if self.api_url:  # a token scoped to this attempt: its team's artifacts, its checkpoints
             env.update(
                 AICLUSTER_URL=self.api_url,
@@ -589,7 +593,23 @@ class Controller:
                 if job is None or job.status not in ACTIVE:  # its launch outlived it
                     self.launching.pop(job_id, None)
                 workers = len(job.placement or []) if job and job.placement else 0
-                self.engine.stop(job_id, attempt, max(workers, _spec_workers(job)))
+                self._collect(job_id, attempt, max(workers, _spec_workers(job)))
+
+    def _collect(self, job_id: str, attempt: int, workers: int) -> None:
+        """Stop a gang off the loop, once at a time: a dead leader's half-made actors can
+        take the engine's timeouts to answer, and admissions must not wait on them."""
+        key = (job_id, attempt)
+        if key in self.collecting:
+            return
+        fut = self.gc_pool.submit(self.engine.stop, job_id, attempt, workers)
+        self.collecting[key] = fut
+
+        def done(f: Future) -> None:
+            self.collecting.pop(key, None)
+            if f.exception() is not None:
+                log.warning("stopping the stray gang %s/%d: %s", job_id, attempt, f.exception())
+
+        fut.add_done_callback(done)
 
 
 @dataclass(frozen=True)
