@@ -15,6 +15,7 @@ import time
 from collections import Counter
 
 import httpx
+import openai
 import pytest
 from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
@@ -303,6 +304,40 @@ def test_forty_jobs_under_ten_leader_kills_each_run_once(replicas):
         ).all()
     assert dict(ended) == {j: 1 for j in ids}
     assert epochs == sorted(set(epochs)) and len(epochs) == 10, "a new term after each kill"
+
+
+def test_every_replicas_gateway_routes_to_the_services(replicas):
+    """A service deployed through one replica answers through the other's gateway too,
+    whichever leads: a follower routes from the store's view of READY replicas."""
+    cps = (replicas["a"], replicas["b"])
+    leader = wait_for(lambda: _leader_of(cps), timeout=30, what="a leader")
+    follower = cps[1] if leader is cps[0] else cps[0]
+    spec = {
+        "kind": "service",
+        "name": "everywhere",
+        "model": "sim-model",
+        "engine": "simulated",
+        "resources": {"cpus": 0.5},
+        "replicas": {"min": 1, "max": 1},
+        "readiness_timeout_s": 60,
+    }
+    r = httpx.post(follower.url + "/v1/services", json={"spec": spec}, headers=_auth(follower))
+    assert r.status_code == 201, r.text
+
+    def answered(cp):
+        client = openai.OpenAI(base_url=cp.url + "/v1", api_key=cp.admin_token, max_retries=0)
+        try:
+            out = client.chat.completions.create(
+                model="everywhere", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+        except openai.APIStatusError:
+            return None
+        return out.choices[0].message.content
+
+    for cp in (leader, follower):
+        assert wait_for(lambda cp=cp: answered(cp), timeout=90, what=f"{cp.log_name} to route")
+    r = httpx.delete(leader.url + "/v1/services/everywhere", headers=_auth(leader))
+    assert r.status_code in (200, 202, 204), r.text
 
 
 def _leader_of(cps) -> ControlPlaneProc | None:

@@ -35,6 +35,9 @@ log = logging.getLogger("aicluster.controlplane")
 decisions = logging.getLogger("aicluster.decisions")  # the operator's log (control.oplog)
 
 
+FOLLOWER_TABLE_S = 1.0  # how often a follower re-reads the endpoint table
+
+
 def bootstrap_admin(store, home: Path) -> None:
     """First start: the `default` team, the `admin` user and its token file."""
     if store.has_admin():
@@ -340,10 +343,25 @@ class ControlPlane:
         self.wakeup.wait(self.tick_s)  # a submit or a finished launch ticks at once
         self.wakeup.clear()
 
+    def _leading(self) -> bool:
+        return self._term is not None and not self._term_over.is_set()
+
+    def _follow(self) -> None:
+        """While another replica leads, this one's gateway routes from the store's view
+        of READY replicas (the leader's service loop publishes its own, every tick)."""
+        while not self.stopping.wait(FOLLOWER_TABLE_S):
+            if self._leading():
+                continue
+            try:
+                self.services.publish_from_store()
+            except Exception as exc:  # noqa: BLE001 - the next round retries
+                log.warning("could not read the endpoint table: %s", exc)
+
     def serve(self) -> None:
         import uvicorn
 
         self.elector.start()  # leads at once when the lease is free
+        threading.Thread(target=self._follow, name="follower-table", daemon=True).start()
         # No colour codes (the log is a file); in JSON mode uvicorn's records go through
         # the root handler (control.oplog.JsonFormatter) like every other line.
         plain = {"log_config": None} if self.log_format == "json" else {}

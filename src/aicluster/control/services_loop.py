@@ -116,22 +116,37 @@ class ServiceLoop:
                 continue
             live = [r for r in (self._check(svc, r) for r in live) if r is not None]
             live = self._scale(svc, live)
-            ready = tuple(
-                Endpoint(r.id, r.url, self.secrets.secret(r.id))
-                for r in live
-                if r.status == RS.READY
-            )
-            routing = svc.spec.routing
-            published[(svc.team, svc.name)] = ServiceEndpoints(
-                svc.team,
-                svc.name,
-                svc.spec.engine,
-                routing.policy,
-                dict(routing.options),
-                ready,
-                self._served_model(svc.spec),
-            )
+            published[(svc.team, svc.name)] = self._endpoints(svc, live)
         self.table.publish(published)
+
+    def publish_from_store(self) -> None:
+        """A follower's table (api.server runs it while this replica does not lead): the
+        READY replicas as the leader's loop recorded them, so that every control-plane
+        replica's gateway routes; the secrets are derived from the shared key file."""
+        self.table.publish(
+            {
+                (svc.team, svc.name): self._endpoints(svc, self.services.replicas(svc.seq))
+                for svc in self.services.list()
+                if not svc.deleting
+            }
+        )
+
+    def _endpoints(self, svc: ServiceRecord, live: list[ReplicaRecord]) -> ServiceEndpoints:
+        ready = tuple(
+            Endpoint(r.id, r.url, self.secrets.secret(r.id))
+            for r in live
+            if r.status == RS.READY and r.url
+        )
+        routing = svc.spec.routing
+        return ServiceEndpoints(
+            svc.team,
+            svc.name,
+            svc.spec.engine,
+            routing.policy,
+            dict(routing.options),
+            ready,
+            self._served_model(svc.spec),
+        )
 
     def pending_workloads(self) -> list[WorkloadView]:
         return [self._view(r) for r in self._live() if r.status == RS.PENDING]
