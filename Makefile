@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test lint install down bench clean
+.PHONY: run test test-postgresql lint install down bench clean
 
 # The dashboard test drives Debian's Chromium; playwright must never download a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
@@ -55,6 +55,11 @@ $(PG_INITDB):
 
 test: install $(CHROMIUM) $(PG_INITDB) lint
 	$(BIN)/python -m pytest -q
+
+# The integration suite again with the control plane's state on PostgreSQL, as a second CI
+# job would run it (not part of `make test`, which stays well under 30 minutes).
+test-postgresql: install $(PG_INITDB)
+	AICLUSTER_TEST_STATE=postgresql $(BIN)/python -m pytest -q tests/integration
 
 # ruff (lint and format) and import-linter (the layers of DESIGN.md); part of `make test`.
 lint: install

@@ -7,6 +7,7 @@ test module is collected.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -18,8 +19,6 @@ SESSION_HOME = Path(tempfile.mkdtemp(prefix="aic-test-"))
 
 
 def pytest_configure(config):
-    import os
-
     from aicluster.engine.rayenv import apply_ray_env
 
     # Stands for an operator's cloud credentials in the environment the nodes start with;
@@ -46,15 +45,43 @@ def ray_cluster(session_home):
 
 
 @pytest.fixture(scope="session")
-def control_plane(session_home, ray_cluster):
+def control_plane(session_home, ray_cluster, request):
+    """The session's control plane: on SQLite, or on a PostgreSQL database of the
+    session's server when AICLUSTER_TEST_STATE=postgresql (`make test-postgresql` runs
+    the integration suite so, as a second CI job would)."""
     cluster, _ = ray_cluster
     shared = session_home / "shared"
     shared.mkdir(mode=0o1777, exist_ok=True)
     shared.chmod(0o1777)
-    cp = ControlPlaneProc(session_home / "cp", cluster.address, free_port(), shared=shared)
+    env = None
+    if os.environ.get("AICLUSTER_TEST_STATE", "sqlite") == "postgresql":
+        env = {"AICLUSTER_STATE": request.getfixturevalue("pg_server").create_database()}
+    cp = ControlPlaneProc(session_home / "cp", cluster.address, free_port(), shared=shared, env=env)
     cp.start()
     yield cp
     cp.stop()
+
+
+@pytest.fixture(scope="session")
+def state_db(control_plane):
+    """An SQLAlchemy engine on the session control plane's store, SQLite or PostgreSQL."""
+    from sqlalchemy import create_engine
+
+    from aicluster.store.db import state_url
+
+    url = (control_plane.env or {}).get("AICLUSTER_STATE") or control_plane.home / "state.db"
+    engine = create_engine(state_url(url))
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def sqlite_state(control_plane) -> Path:
+    """The session control plane's SQLite file, for tests that read it raw (skipped when
+    the session runs on PostgreSQL)."""
+    if os.environ.get("AICLUSTER_TEST_STATE", "sqlite") == "postgresql":
+        pytest.skip("reads the SQLite file; this session's state is on PostgreSQL")
+    return control_plane.home / "state.db"
 
 
 @pytest.fixture

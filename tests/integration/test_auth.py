@@ -53,9 +53,9 @@ def test_health_needs_no_token(control_plane):
     assert httpx.get(control_plane.url + "/healthz").json() == {"status": "ok"}
 
 
-def test_tokens_are_stored_hashed(control_plane, teams):
-    raw = (control_plane.home / "state.db").read_bytes()
-    wal = control_plane.home / "state.db-wal"
+def test_tokens_are_stored_hashed(sqlite_state, teams):
+    raw = sqlite_state.read_bytes()
+    wal = sqlite_state.with_name("state.db-wal")
     raw += wal.read_bytes() if wal.exists() else b""
     for token in teams.values():
         assert token.encode() not in raw

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import text
 
 from aicluster.client import artifacts as arts
 from aicluster.client.api import ApiError
@@ -91,7 +92,7 @@ time.sleep(600)
 
 
 def test_job_resumes_from_an_artifact_checkpoint_on_another_node(
-    ray_cluster, control_plane, admin, tmp_path
+    ray_cluster, control_plane, admin, tmp_path, state_db
 ):
     from aicluster.client.api import pack_workdir
     from aicluster.engine.protocol import GPU_MODEL_LABEL, POOL_LABEL
@@ -135,17 +136,12 @@ def test_job_resumes_from_an_artifact_checkpoint_on_another_node(
     assert f"resumed from step 5 on {victim.node_id}" in log, (first, done, first_log, log)
     ckpt = arts.version(admin, "default/ckpt-mover-ckpt:latest")
     assert ckpt["kind"] == "checkpoint" and ckpt["metadata"] == {"step": 5}
-    # Each attempt got a token of the job's owner; all are revoked once the job ended.
-    import sqlite3
 
+    # Each attempt got a token of the job's owner; all are revoked once the job ended.
     def job_tokens():
-        db = sqlite3.connect(control_plane.home / "state.db")
-        try:
-            return db.execute(
-                "SELECT revoked FROM tokens WHERE job_id = ?", (job["id"],)
-            ).fetchall()
-        finally:
-            db.close()
+        with state_db.connect() as db:
+            sql = text("SELECT revoked FROM tokens WHERE job_id = :j")
+            return db.execute(sql, {"j": job["id"]}).all()
 
     wait_for(
         lambda: (rows := job_tokens()) and all(r[0] for r in rows),
