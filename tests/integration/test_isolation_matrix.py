@@ -3,7 +3,8 @@ control plane, called by each kind of caller that must be refused, is refused.
 
 Callers: no token, a bad token (401 everywhere); a member of another team on team A's
 objects (404: their existence does not leak); a viewer on every write (403); a member on
-admin-only operations (403). The objects are real: a job and a service of team A.
+admin-only operations (403); anyone but its owner (and admins) on a user's own object, an
+API token (404). The objects are real: a job and a service of team A, a token of A's member.
 A new route fails `test_every_route_is_classified` until it is put in a class here.
 """
 
@@ -26,7 +27,10 @@ ADMIN_ONLY = {
     "POST /v1/tokens",
     "POST /v1/nodes/{node}/{action}",
     "PUT /v1/prices",
+    "GET /v1/audit",  # the audit log: admins only (a read, refused to members and viewers)
 }
+# A user's own objects (their API tokens): anyone on their own, admins on anyone's.
+OWN = {"POST /v1/tokens/{token_id}/revoke"}
 WRITES = {
     "POST /v1/jobs",
     "POST /v1/jobs/{job_id}/cancel",
@@ -50,6 +54,7 @@ READS = {
     "GET /v1/usage/lines",
     "GET /v1/prices",
     "GET /v1/control-plane",  # replicas and the leader lease: no team's data
+    "GET /v1/tokens",  # the caller's own tokens (another user's: admins only)
 }
 
 SERVICE = {
@@ -100,6 +105,7 @@ def world(control_plane, admin):
         "pool": "gpu",
         "node": node,
         "action": "cordon",
+        "token_id": admin.create_token("iso-alice", team="iso-a")["id"],
     }
     yield {"tokens": tokens, "params": params, "job": job["id"]}
     httpx.delete(
@@ -130,7 +136,7 @@ def _call(url: str, method: str, path: str, params: dict, token: str | None) -> 
 
 def test_every_route_is_classified(control_plane):
     ops = {f"{m} {p}" for m, p in _operations(control_plane.url)}
-    assert ops == READS | WRITES, f"classify: {sorted(ops ^ (READS | WRITES))}"
+    assert ops == READS | WRITES | OWN, f"classify: {sorted(ops ^ (READS | WRITES | OWN))}"
 
 
 def test_the_matrix(control_plane, world, admin):
@@ -153,11 +159,16 @@ def test_the_matrix(control_plane, world, admin):
         if label in ADMIN_ONLY:
             expect(method, path, "member A", tokens["member_a"], {403})
             expect(method, path, "member B", tokens["member_b"], {403})
+        if label in OWN:  # the token is iso-alice's: every other user is refused
+            expect(method, path, "member B", tokens["member_b"], {404})
+            expect(method, path, "viewer", tokens["viewer_a"], {404})
     assert not wrong, "\n".join(wrong)
     # Nothing the refused calls carried was stored, and team A's objects are intact.
     assert "iso-sneak" not in admin.teams()
     assert "iso-sneak" not in {j["name"] for j in admin.jobs()}
     assert admin.job(world["job"])["team"] == "iso-a"
+    token_id = world["params"]["token_id"]
+    assert [t["state"] for t in admin.tokens("iso-alice") if t["id"] == token_id] == ["active"]
 
 
 def test_team_b_sees_none_of_team_a_in_listings(control_plane, world):

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from aicluster.api.audit import PRINCIPAL, AuditMiddleware, note_target
+from aicluster.api.audit_routes import audit_router
 from aicluster.api.bodies import NodeActionBody, QuotaBody, SubmitBody, TeamBody, TokenBody
 from aicluster.api.errors import BODY, error, install_error_handlers, responses
 from aicluster.api.limits import BodyLimitMiddleware
 from aicluster.api.strict_json import StrictJSONRoute, finite
+from aicluster.api.tokens_routes import tokens_router
 from aicluster.control.api_ops import (
     AmbiguousJobName,
     ApiOps,
@@ -19,15 +23,18 @@ from aicluster.control.api_ops import (
     ForbiddenError,
     NotFoundError,
 )
+from aicluster.control.audit import AuditOps
 from aicluster.control.nodes_loop import current as current_nodes
 from aicluster.control.recovery import recovery
 from aicluster.control.snapshot import allocations, job_workload
+from aicluster.control.tokens import TokenOps
 from aicluster.core.lifecycle import JobStatus
 from aicluster.core.model import Quota, Res
 from aicluster.specs.limits import INT64_MAX, MAX_TEXT
 from aicluster.specs.names import NAME_PATTERN
+from aicluster.store.audit import AuditStore
 from aicluster.store.errors import Conflict, NotFound
-from aicluster.store.identity import Principal
+from aicluster.store.identity import Principal, Refusal
 from aicluster.store.jobs import JobRecord
 
 _bearer = HTTPBearer(auto_error=False)
@@ -92,12 +99,15 @@ TeamName = Path(pattern=NAME_PATTERN, max_length=63, description="a team")
 PoolName = Path(pattern=NAME_PATTERN, max_length=63, description="a pool")
 
 
-def create_app(services: ApiOps, routers=()) -> FastAPI:
+def create_app(services: ApiOps, routers=(), audit: AuditStore | None = None) -> FastAPI:
     """`routers`: factories `(principal_dependency) -> APIRouter` for more routes
-    (services, the gateway, artifacts), so each part authenticates the same way."""
+    (services, the gateway, artifacts), so each part authenticates the same way.
+    `audit`: where the audit log goes (api.audit; default: the store's, kept a year)."""
+    audit = audit if audit is not None else AuditStore(services.store)
     app = FastAPI(title="aicluster", version="0.1.0", description="aicluster control-plane API")
     app.router.route_class = StrictJSONRoute  # no NaN, Infinity, 2**64 or deep nesting
     app.add_middleware(BodyLimitMiddleware)  # before parsing and before authentication
+    app.add_middleware(AuditMiddleware, audit=audit)  # outside it: a 413 is audited too
     install_error_handlers(
         app,
         {NotFoundError: 404, NotFound: 404, ForbiddenError: 403, BadRequest: 400, Conflict: 409},
@@ -106,9 +116,10 @@ def create_app(services: ApiOps, routers=()) -> FastAPI:
     def principal(
         request: Request, creds: HTTPAuthorizationCredentials | None = Depends(_bearer)
     ) -> Principal:
-        who = services.store.authenticate(creds.credentials) if creds else None
-        if who is None:
-            raise _Unauthorized()
+        who = services.store.identify(creds.credentials) if creds else None
+        if not isinstance(who, Principal):
+            raise _Unauthorized(who)
+        setattr(request.state, PRINCIPAL, who)  # for the audit log (api.audit)
         if who.job_id is not None and not job_token_may(request.method, request.url.path):
             raise ForbiddenError(
                 "a job's token may only read its team's artifacts and write its own checkpoints"
@@ -121,8 +132,8 @@ def create_app(services: ApiOps, routers=()) -> FastAPI:
         return error(409, str(exc), field="job_id", candidates=candidates)
 
     @app.exception_handler(_Unauthorized)
-    async def _unauth(_req: Request, _exc: _Unauthorized):
-        resp = error(401, "missing or invalid API token")
+    async def _unauth(_req: Request, exc: _Unauthorized):
+        resp = error(401, exc.message)
         resp.headers["WWW-Authenticate"] = "Bearer"
         return resp
 
@@ -135,8 +146,10 @@ def create_app(services: ApiOps, routers=()) -> FastAPI:
         return asdict(who)
 
     @app.post("/v1/jobs", status_code=201, responses=responses(*WRITE, *BODY))
-    def submit(body: SubmitBody, who: Principal = Depends(principal)):
-        return job_json(services.submit(who, body.spec, body.workdir))
+    def submit(request: Request, body: SubmitBody, who: Principal = Depends(principal)):
+        job = services.submit(who, body.spec, body.workdir)
+        note_target(request, f"job={job.id}")
+        return job_json(job)
 
     @app.get("/v1/jobs", responses=responses(*AUTHED, 400, 422))
     def list_jobs(
@@ -230,7 +243,8 @@ def create_app(services: ApiOps, routers=()) -> FastAPI:
         return {"teams": names if who.is_admin else [t for t in names if t == who.team]}
 
     @app.post("/v1/teams", status_code=201, responses=responses(*ADMIN, 409, *BODY))
-    def create_team(body: TeamBody, who: Principal = Depends(principal)):
+    def create_team(request: Request, body: TeamBody, who: Principal = Depends(principal)):
+        note_target(request, f"team={body.name}")
         services.create_team(who, body.name)
         return {"name": body.name}
 
@@ -254,10 +268,14 @@ def create_app(services: ApiOps, routers=()) -> FastAPI:
         return {"queue": services.pending_queue(who)}
 
     @app.post("/v1/tokens", status_code=201, responses=responses(*ADMIN, 404, 409, *BODY))
-    def create_token(body: TokenBody, who: Principal = Depends(principal)):
-        token = services.create_token(who, body.user, body.team, body.role)
-        return {"user": body.user, "team": body.team, "role": body.role, "token": token}
+    def create_token(request: Request, body: TokenBody, who: Principal = Depends(principal)):
+        note_target(request, f"user={body.user}")
+        token, t = services.create_token(who, body.user, body.team, body.role, body.expires_in)
+        made = {"user": body.user, "team": body.team, "role": body.role, "token": token}
+        return finite({**made, "id": t.id, "prefix": t.prefix, "expires_at": t.expires_at})
 
+    app.include_router(audit_router(AuditOps(audit), principal))
+    app.include_router(tokens_router(TokenOps(services.store), principal))
     for make_router in routers:
         app.include_router(make_router(principal))
     return app
@@ -273,4 +291,16 @@ def job_token_may(method: str, path: str) -> bool:
 
 
 class _Unauthorized(Exception):
-    pass
+    """401; the message says why when the token is known: expired or revoked."""
+
+    def __init__(self, refusal: Refusal | None = None):
+        super().__init__()
+        if refusal is None:
+            self.message = "missing or invalid API token"
+            return
+        at = f" at {_utc(refusal.at)}" if refusal.at is not None else ""
+        self.message = f"API token {refusal.why}{at}: ask an admin for a new one"
+
+
+def _utc(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))

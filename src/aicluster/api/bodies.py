@@ -49,3 +49,9 @@ class TokenBody(Body):
     user: Name
     team: Name | None = None
     role: Literal["admin", "member", "viewer"] = "member"
+    expires_in: str | None = Field(
+        default=None,
+        max_length=16,
+        description="the token stops working this long from now: 90s, 30m, 12h, 30d, 2w; "
+        "default: never",
+    )

@@ -84,6 +84,7 @@ class ControlPlane:
         state: str | None = None,
         lease_ttl_s: float = 3.0,
         lease_renew_s: float = 1.0,
+        audit_retention_s: float | None = 365 * 86400.0,
     ):
         apply_ray_env(home, loopback=ray_address.startswith("127."))
         from aicluster.api.app import create_app
@@ -106,6 +107,7 @@ class ControlPlane:
         from aicluster.engine.ray_engine import NAMESPACE, RayEngine
         from aicluster.gateway.proxy import Gateway
         from aicluster.store.artifacts import ArtifactStore
+        from aicluster.store.audit import AuditStore
         from aicluster.store.db import open_store
         from aicluster.store.lease import FencedEngine, LeaderElector, LeaderLease
         from aicluster.store.nodes import NodeStore
@@ -204,6 +206,7 @@ class ControlPlane:
                 queue=lambda: self.controller.queue,
                 artifacts=self.artifacts,
             ),
+            audit=AuditStore(self.store, retention_s=audit_retention_s),
             routers=[
                 lambda p: services_router(ops, p),
                 lambda _p: self.gateway.router(),
@@ -418,9 +421,22 @@ def _control_plane(home: Path, args) -> ControlPlane:
             state=args.state,
             lease_ttl_s=args.lease_ttl,
             lease_renew_s=args.lease_renew,
+            audit_retention_s=args.audit_retention,
         )
     except StateStoreError as exc:
         raise SystemExit(f"--state: {exc}") from None
+
+
+def _retention(text: str) -> float | None:
+    """A retention: a duration (control.api_ops.parse_duration), or 0 for none."""
+    from aicluster.control.api_ops import BadRequest, parse_duration
+
+    if text.strip() == "0":
+        return None
+    try:
+        return parse_duration(text, "audit retention")
+    except BadRequest as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -470,6 +486,14 @@ def main(argv: list[str] | None = None) -> None:
         default=1.0,
         metavar="SECONDS",
         help="how often the leader renews the lease and a follower tries to take it",
+    )
+    p.add_argument(
+        "--audit-retention",
+        type=_retention,
+        default=os.environ.get("AICLUSTER_AUDIT_RETENTION", "365d"),  # parsed by `type`
+        metavar="DURATION",
+        help="how long audit log entries are kept: 90d, 12w, ... (0: for ever); default "
+        "AICLUSTER_AUDIT_RETENTION, else 365d",
     )
     p.add_argument(
         "--log-format",

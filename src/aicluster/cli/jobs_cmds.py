@@ -1,8 +1,8 @@
-"""CLI commands for jobs, nodes, events, teams and tokens: `register(app)` adds them.
+"""CLI commands for jobs, nodes, events and teams: `register(app)` adds them.
 
 Invariants: the options, the client config and the error handling of
 `aicluster.cli.common` (no traceback for a user mistake; exit 2 for a bad spec,
-1 otherwise, 130 for Ctrl-C). Machine-readable output (`-o json`, `tokens create`)
+1 otherwise, 130 for Ctrl-C). Machine-readable output (`-o json`)
 goes to stdout alone; notes meant for a human reading a terminal go to stderr.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -30,12 +29,6 @@ from aicluster.cli.common import (
 from aicluster.client.api import TERMINAL, ApiError, Client
 
 STATUSES = ("PENDING", "ADMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
-
-
-class Role(str, Enum):
-    admin = "admin"
-    member = "member"
-    viewer = "viewer"
 
 
 _JOB_HELP = "job id, or job name (the newest job of that name), or TEAM:NAME"
@@ -366,24 +359,9 @@ def team_list(
         out.print_table([{"name": n} for n in names], [("TEAM", "name")])
 
 
-def token_create(
-    user: Annotated[str, typer.Option("--user", help="user name", show_default=False)],
-    team: Annotated[str | None, typer.Option("--team", help="team the user acts for")] = None,
-    role: Annotated[Role, typer.Option("--role", help="admin, member or viewer")] = Role.member,
-    url: UrlOpt = None,
-    token: TokenOpt = None,
-) -> None:
-    """Create an API token (admin). The token is printed once, on stdout alone."""
-    with cli_errors(), make_client(url, token) as c:
-        made = c.create_token(user, team=team, role=role.value)
-    typer.echo(made["token"])
-    who = f"user {made.get('user', user)}, team {made.get('team') or '-'}"
-    note = f"token for {who}, role {made.get('role', role.value)}; it is not shown again"
-    out.console(stderr=True).print(Text(note, style="dim"))
-
-
 def register(app: typer.Typer) -> None:
-    """Add submit, jobs, describe, logs, cancel, nodes, events and the teams/tokens groups."""
+    """Add submit, jobs, describe, logs, cancel, nodes, events and the teams group
+    (the tokens group: cli.tokens_cmds)."""
     app.command("submit")(submit)
     app.command("jobs")(jobs)
     app.command("describe")(describe)
@@ -396,6 +374,3 @@ def register(app: typer.Typer) -> None:
     teams_app.command("list")(team_list)
     queue_cmds.register(app, teams_app)
     app.add_typer(teams_app, name="teams")
-    tokens_app = typer.Typer(help="Create API tokens.", no_args_is_help=True)
-    tokens_app.command("create")(token_create)
-    app.add_typer(tokens_app, name="tokens")

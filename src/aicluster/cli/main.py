@@ -6,12 +6,14 @@ import typer
 
 from aicluster.cli import (
     artifacts_cmds,
+    audit_cmds,
     jobs_cmds,
     nodes_cmds,
     plan_cmds,
     platform_cmds,
     services_cmds,
     state_cmds,
+    tokens_cmds,
     usage_cmds,
 )
 
@@ -29,6 +31,8 @@ artifacts_cmds.register(app)
 services_cmds.register(app)
 plan_cmds.register(app)
 usage_cmds.register(app)
+audit_cmds.register(app)
+tokens_cmds.register(app)
 state_cmds.register(app)
 
 if __name__ == "__main__":

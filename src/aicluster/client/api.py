@@ -387,9 +387,37 @@ class Client:
     def teams(self) -> list[str]:
         return self.request_json("GET", "/v1/teams")["teams"]
 
-    def create_token(self, user: str, team: str | None = None, role: str = "member") -> dict:
+    def create_token(
+        self,
+        user: str,
+        team: str | None = None,
+        role: str = "member",
+        expires_in: str | None = None,
+    ) -> dict:
+        """A new token (admins); `expires_in`: a duration such as 30d (default: never)."""
         body = {"user": user, "team": team, "role": role}
+        if expires_in is not None:
+            body["expires_in"] = expires_in
         return self.request_json("POST", "/v1/tokens", json=body)
+
+    def tokens(self, user: str | None = None, all_users: bool = False) -> list[dict]:
+        """A user's tokens without their secrets (default: the caller's; admins: anyone's,
+        or everyone's with `all_users`)."""
+        params = {"user": user} if user else {}
+        if all_users:
+            params["all"] = "true"
+        return self.request_json("GET", "/v1/tokens", params=params)["tokens"]
+
+    def revoke_token(self, token_id: int) -> dict:
+        return self.request_json("POST", f"/v1/tokens/{token_id}/revoke")
+
+    def audit(
+        self, since: str | None = None, user: str | None = None, after: int = 0, limit: int = 500
+    ) -> dict:
+        """A page of the audit log (admins): `entries` oldest first, `next` the cursor."""
+        params = {"after": after, "limit": limit, "since": since, "user": user}
+        params = {k: v for k, v in params.items() if v is not None}
+        return self.request_json("GET", "/v1/audit", params=params)
 
     # queue and quotas
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from aicluster.specs.loader import validate_spec
 from aicluster.specs.names import check_name
 from aicluster.specs.workdir import WorkdirInvalid, check_workdir_archive
 from aicluster.store.db import Store
-from aicluster.store.identity import Principal
+from aicluster.store.identity import Principal, TokenInfo
 from aicluster.store.jobs import JobRecord
 
 # Where each other kind of spec goes instead of /v1/jobs.
@@ -59,6 +60,25 @@ class BadRequest(Exception):
     def __init__(self, message: str, field: str | None = None):
         super().__init__(message)
         self.field = field
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d{1,9})([smhdw])")
+MAX_DURATION_S = 100 * 366 * 86400.0
+
+
+def parse_duration(text: str, field: str) -> float:
+    """Seconds of `90s`, `30m`, `12h`, `30d` or `2w` (more than none, at most a century);
+    BadRequest naming `field` otherwise."""
+    m = _DURATION.fullmatch(text.strip())
+    seconds = int(m.group(1)) * _DURATION_UNITS[m.group(2)] if m else 0
+    if not 0 < seconds <= MAX_DURATION_S:
+        raise BadRequest(
+            f"{field}: {text[:40]!r} is not a duration such as 90s, 30m, 12h, 30d or 2w "
+            "(more than none, at most 100 years)",
+            field=field,
+        )
+    return float(seconds)
 
 
 def _valid_name(value: str, what: str) -> str:
@@ -326,8 +346,19 @@ class ApiOps:
         _valid_name(name, "name")
         self.store.create_team(name, actor=who.user)
 
-    def create_token(self, who: Principal, user: str, team: str | None, role: str) -> str:
+    def create_token(
+        self,
+        who: Principal,
+        user: str,
+        team: str | None,
+        role: str,
+        expires_in: str | None = None,
+    ) -> tuple[str, TokenInfo]:
+        """A new token of `user` (made with that team and role on first use), expiring
+        `expires_in` (a duration) from now (None: never): its plaintext, shown once, and
+        its record."""
         _admin_only(who)
+        expires_in_s = None if expires_in is None else parse_duration(expires_in, "expires_in")
         _valid_name(user, "user")
         if team is not None:
             _valid_name(team, "team")
@@ -342,7 +373,8 @@ class ApiOps:
             raise BadRequest(
                 f"user {user!r} exists with team {existing.team!r} and role {existing.role!r}"
             )
-        return self.store.create_token(user)
+        expires_at = None if expires_in_s is None else self.store.clock() + expires_in_s
+        return self.store.issue_token(user, expires_at)
 
 
 def _admin_only(who: Principal) -> None:

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from aicluster.control.api_ops import BadRequest, ForbiddenError, NotFoundError
 from aicluster.store.identity import Principal
 from aicluster.store.jobs import AttemptRecord, JobRecord
-from aicluster.store.usage import GROUPS, PriceRecord, UsageStore, UsageTotal
+from aicluster.store.usage import GROUPS, PriceRecord, UsageStore, UsageTotal, grand_total
 
 GiB = 2**30
 RATES = ("gpu_hour", "cpu_hour", "memory_gib_hour")
@@ -261,8 +261,9 @@ class UsageOps:
         now = self.usage.clock()
         start = parse_since(since, now)
         team = self._scope(who, team)
-        (total,) = self.usage.totals(None, start, None, team)
         groups = self.usage.totals(by, start, None, team) if by else []
+        # One pass: every line is in exactly one group, so their sum is the total.
+        (total,) = [grand_total(groups)] if by else self.usage.totals(None, start, None, team)
         return {
             "since": start,
             "until": now,

@@ -5,6 +5,7 @@ written in one transaction, guarded by compare-and-set on the old status.
 """
 
 from aicluster.store import (  # noqa: F401 - tables
+    audit_schema,
     lease_schema,
     node_schema,
     quota_schema,

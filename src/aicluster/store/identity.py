@@ -4,6 +4,11 @@ Invariants: a token's plaintext is returned once and only its SHA-256 digest is 
 a job's token is scoped (a member of the job's team, its own checkpoints only), one live
 token per job attempt, dead when the attempt ends or expires; each team has one workload
 uid, allocated once and never reused.
+
+Token lifecycle: a user's token may have an expiry; revoking one is for good (the row
+stays, `revoked_at` says when); `last_used_at` is written at most once a minute per
+token (LAST_USED_EVERY_S), never on every request. A refused token says why (`Refusal`):
+expired or revoked; an unknown one says nothing.
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from aicluster.store.errors import Conflict, NotFound
 from aicluster.store.schema import JobRow, TeamRow, TokenRow, UserRow
@@ -21,6 +26,7 @@ from aicluster.store.schema import JobRow, TeamRow, TokenRow, UserRow
 TOKEN_PREFIX = "aic_"
 WORKLOAD_UID_BASE = 50000  # team workload users: 50000, 50001, ...
 JOB_TOKEN_TTL_S = 7 * 24 * 3600.0  # a hard cap; a job's token also dies with its attempt
+LAST_USED_EVERY_S = 60.0  # a token's last use is written at most this often
 
 
 def digest(token: str) -> str:
@@ -47,6 +53,40 @@ class Principal:
         if self.job_id is None:
             return True
         return team == self.team and name == f"{self.job_name}-ckpt"
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """A token as its owner and admins see it: never its secret (`prefix` is its first
+    10 characters, to tell tokens apart)."""
+
+    id: int
+    user: str
+    prefix: str
+    created_at: float
+    expires_at: float | None
+    last_used_at: float | None
+    revoked_at: float | None
+    revoked: bool
+
+    @classmethod
+    def of(cls, row: TokenRow) -> TokenInfo:
+        return cls(**{f: getattr(row, f) for f in cls.__dataclass_fields__})
+
+    def state(self, now: float) -> str:
+        """active | expired | revoked"""
+        if self.revoked:
+            return "revoked"
+        return "expired" if self.expires_at is not None and self.expires_at <= now else "active"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a known token was refused: `expired` (at `at`) or `revoked` (at `at`, None
+    when not recorded, as for a job's token whose attempt ended)."""
+
+    why: str
+    at: float | None
 
 
 class IdentityStore:
@@ -88,22 +128,57 @@ class IdentityStore:
             row = s.get(UserRow, name)
             return Principal(row.name, row.team, row.role) if row else None
 
-    def create_token(self, user: str) -> str:
+    def create_token(self, user: str, expires_at: float | None = None) -> str:
         """Return a new plaintext token of `user`; only its SHA-256 digest is stored.
         (A job's token is made by `create_job_token`.)"""
+        return self.issue_token(user, expires_at)[0]
+
+    def issue_token(self, user: str, expires_at: float | None = None) -> tuple[str, TokenInfo]:
+        """A new token of `user` (expiring at `expires_at`, None: never): its plaintext,
+        returned this once, and what is kept of it."""
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         with self._session.begin() as s:
             if s.get(UserRow, user) is None:
                 raise NotFound(f"user {user!r} does not exist")
-            s.add(
-                TokenRow(
-                    user=user,
-                    digest=digest(token),
-                    prefix=token[:10],
-                    created_at=self.clock(),
-                )
+            row = TokenRow(
+                user=user,
+                digest=digest(token),
+                prefix=token[:10],
+                created_at=self.clock(),
+                expires_at=expires_at,
+                revoked=False,
             )
-        return token
+            s.add(row)
+            s.flush()
+            return token, TokenInfo.of(row)
+
+    def list_tokens(self, user: str | None) -> list[TokenInfo]:
+        """The user tokens of `user` (None: of everyone), oldest first; not jobs' tokens."""
+        q = select(TokenRow).where(TokenRow.scope == "user").order_by(TokenRow.id)
+        if user is not None:
+            q = q.where(TokenRow.user == user)
+        with self._session() as s:
+            return [TokenInfo.of(r) for r in s.scalars(q)]
+
+    def get_token(self, token_id: int) -> TokenInfo | None:
+        """A user token by id (None for a job's token or none)."""
+        with self._session() as s:
+            row = s.get(TokenRow, token_id)
+            return TokenInfo.of(row) if row is not None and row.scope == "user" else None
+
+    def revoke_token(self, token_id: int, actor: str | None = None) -> TokenInfo:
+        """Revoke a user token for good (again: no change); NotFound for none."""
+        with self._session.begin() as s:
+            row = s.get(TokenRow, token_id)
+            if row is None or row.scope != "user":
+                raise NotFound(f"token {token_id} not found")
+            if not row.revoked:
+                row.revoked, row.revoked_at = True, self.clock()
+                message = f"token {row.id} ({row.prefix}...) of user {row.user} revoked"
+                self._event(
+                    s, "token", str(row.id), None, "TokenRevoked", message=message, actor=actor
+                )
+            return TokenInfo.of(row)
 
     def create_job_token(self, job_id: str, attempt: int, ttl_s: float = JOB_TOKEN_TTL_S) -> str:
         """The one live token of a job attempt: every earlier token of the job is revoked;
@@ -135,28 +210,54 @@ class IdentityStore:
         return token
 
     def authenticate(self, token: str) -> Principal | None:
+        who = self.identify(token)
+        return who if isinstance(who, Principal) else None
+
+    def identify(self, token: str) -> Principal | Refusal | None:
+        """Who `token` is; a Refusal for a known token that no longer works (expired,
+        revoked); None for anything else. Notes the token's use (at most once a minute)."""
         if not isinstance(token, str) or len(token) > 256:
             return None
+        now = self.clock()
         with self._session() as s:
-            row = s.scalars(
-                select(TokenRow).where(
-                    TokenRow.digest == digest(token), TokenRow.revoked.is_(False)
+            row = s.scalars(select(TokenRow).where(TokenRow.digest == digest(token))).first()
+            if row is None:
+                return None
+            if row.revoked:
+                return Refusal("revoked", row.revoked_at)
+            if row.expires_at is not None and row.expires_at <= now:
+                return Refusal("expired", row.expires_at)
+            who = self._principal(s, row)
+            if who is None:
+                return Refusal("revoked", None)  # a job's token whose attempt is over
+            token_id, last = row.id, row.last_used_at
+        if last is None or now - last >= LAST_USED_EVERY_S:
+            self._note_use(token_id, now)
+        return who
+
+    def _principal(self, s, row: TokenRow) -> Principal | None:
+        user = s.get(UserRow, row.user)
+        if row.scope != "job":
+            return Principal(user.name, user.team, user.role)
+        job = s.scalars(select(JobRow).where(JobRow.id == row.job_id)).first()
+        if job is None or job.status not in ("ADMITTED", "RUNNING") or job.attempt != row.attempt:
+            return None
+        role = "viewer" if user.role == "viewer" else "member"
+        return Principal(user.name, job.team, role, job_id=job.id, job_name=job.name)
+
+    def _note_use(self, token_id: int, now: float) -> None:
+        """last_used_at = now unless another request wrote it in the last minute; a busy
+        database skips it (the next request a minute on writes it)."""
+        stale = or_(
+            TokenRow.last_used_at.is_(None), TokenRow.last_used_at <= now - LAST_USED_EVERY_S
+        )
+        try:
+            with self._session.begin() as s:
+                s.execute(
+                    update(TokenRow).where(TokenRow.id == token_id, stale).values(last_used_at=now)
                 )
-            ).first()
-            if row is None or (row.expires_at is not None and row.expires_at <= self.clock()):
-                return None
-            user = s.get(UserRow, row.user)
-            if row.scope != "job":
-                return Principal(user.name, user.team, user.role)
-            job = s.scalars(select(JobRow).where(JobRow.id == row.job_id)).first()
-            if (
-                job is None
-                or job.status not in ("ADMITTED", "RUNNING")
-                or job.attempt != row.attempt
-            ):
-                return None
-            role = "viewer" if user.role == "viewer" else "member"
-            return Principal(user.name, job.team, role, job_id=job.id, job_name=job.name)
+        except OperationalError:
+            pass  # best effort: a locked SQLite file must not fail the request
 
     def revoke_tokens_of_finished_jobs(self) -> int:
         """Level-triggered: every token of a job in a terminal status stops working."""

@@ -39,6 +39,10 @@ class TokenRow(Base):
     scope: Mapped[str] = mapped_column(String(16), default="user")  # user | job
     expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Lifecycle (store.identity): when it last authenticated (written at most once a
+    # minute) and when it was revoked.
+    last_used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class JobRow(Base):

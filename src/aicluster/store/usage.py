@@ -5,7 +5,9 @@ the accountant's cursor (the last event id read) moves in the same transaction a
 it writes, so a crash leaves neither a gap nor a double count. The accountant reads
 the event log no further than the event horizon (JobStore.event_horizon: at or below it every
 id is committed or never will be), which lets a cursor be an id on SQLite and PostgreSQL.
-Report totals are sums of integer columns: exactly the sum of their lines.
+Report totals are sums of integer columns: exactly the sum of their lines. The daily sums
+(per team, user, pool and GPU model; and per team alone) are written in the transaction
+that writes their lines, so they are always exactly the sums of the lines.
 """
 
 from __future__ import annotations
@@ -14,16 +16,23 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import case, func, select
+from sqlalchemy import case, func, insert, select
 from sqlalchemy.orm import Session
 
 from aicluster.core.lifecycle import JobStatus, RequeueCause
 from aicluster.store.db import Store
 from aicluster.store.jobs import AttemptRecord, EventRecord, JobRecord, attempts_of, fields_of
 from aicluster.store.schema import EventRow, JobRow
-from aicluster.store.usage_schema import PriceRow, UsageCursorRow, UsageDailyRow, UsageLineRow
+from aicluster.store.usage_schema import (
+    PriceRow,
+    UsageCursorRow,
+    UsageDailyRow,
+    UsageLineRow,
+    UsageTeamDailyRow,
+)
 
 CURSOR = "jobs"
+BATCH = 500  # jobs read per query by the accountant (an IN list)
 # Report groupings: the name a caller uses -> the line's column.
 GROUPS = {
     "team": UsageLineRow.team,
@@ -212,8 +221,12 @@ class UsageStore:
             )
             prices = [PriceRecord.of(p) for p in s.scalars(select(PriceRow))] if ended else []
             new: list[dict] = []
-            for job_id in ended:
-                self._account_job(s, job_id, make_line, prices, new)
+            ids = list(ended)
+            for i in range(0, len(ids), BATCH):
+                new += self._account_jobs(s, ids[i : i + BATCH], make_line, prices)
+            if new:
+                now = self.clock()
+                s.execute(insert(UsageLineRow), [dict(x, accounted_at=now) for x in new])
             self._add_daily(s, new)
             if cur is None:
                 cur = UsageCursorRow(name=CURSOR)
@@ -221,69 +234,58 @@ class UsageStore:
             cur.event_id, cur.updated_at = rows[-1].id, self.clock()
             return len(new)
 
-    def _account_job(
-        self, s: Session, job_id: str, make_line: LineMaker, prices, new: list[dict]
-    ) -> None:
-        row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
-        if row is None:
-            return
-        done = set(s.scalars(select(UsageLineRow.attempt).where(UsageLineRow.job_id == job_id)))
-        events = s.scalars(
+    def _account_jobs(
+        self, s: Session, job_ids: list[str], make_line: LineMaker, prices
+    ) -> list[dict]:
+        """The new lines of these jobs: one per ended attempt that has none yet (three
+        queries for the batch, not three per job)."""
+        jobs = {r.id: r for r in s.scalars(select(JobRow).where(JobRow.id.in_(job_ids)))}
+        done: dict[str, set[int]] = {j: set() for j in job_ids}
+        for job_id, attempt in s.execute(
+            select(UsageLineRow.job_id, UsageLineRow.attempt).where(
+                UsageLineRow.job_id.in_(job_ids)
+            )
+        ):
+            done[job_id].add(attempt)
+        events: dict[str, list[EventRecord]] = {j: [] for j in job_ids}
+        for e in s.scalars(
             select(EventRow)
             .where(
                 EventRow.kind == "job",
-                EventRow.object_id == job_id,
+                EventRow.object_id.in_(job_ids),
                 EventRow.type == "JobTransition",
             )
             .order_by(EventRow.id)
-        )
-        job = JobRecord.of(row)
-        now = self.clock()
-        for a in attempts_of(EventRecord.of(e) for e in events):
-            if a.ended_at is None or a.attempt in done:
+        ):
+            events[e.object_id].append(EventRecord.of(e))
+        new = []
+        for job_id in job_ids:
+            if job_id not in jobs:
                 continue
-            line = dict(make_line(job, a, prices), job_id=job_id, attempt=a.attempt)
-            s.add(UsageLineRow(accounted_at=now, **line))
-            new.append(line)
-            done.add(a.attempt)
+            job = JobRecord.of(jobs[job_id])
+            for a in attempts_of(events[job_id]):
+                if a.ended_at is None or a.attempt in done[job_id]:
+                    continue
+                new.append(dict(make_line(job, a, prices), job_id=job_id, attempt=a.attempt))
+                done[job_id].add(a.attempt)
+        return new
 
     def _add_daily(self, s: Session, lines: list[dict]) -> None:
-        """Add `lines` to the daily sums (in the transaction that writes them)."""
-        acc: dict[tuple, list[int]] = {}
+        """Add `lines` to the daily sums, both kinds (in the transaction that writes them)."""
+        fine: dict[tuple, list[int]] = {}
+        by_team: dict[tuple, list[int]] = {}
         for x in lines:
-            key = (
-                math.floor(x["ended_at"] / DAY),
-                x["team"],
-                x["user"],
-                x["pool"] or "",
-                x["gpu_model"] or "",
-            )
+            day = math.floor(x["ended_at"] / DAY)
             lost = x["gpu_ms"] if x["end_reason"] in LOST else 0
-            sums = acc.setdefault(key, [0] * len(SUMS))
             values = (1, x["run_ms"], x["gpu_ms"], x["cpu_ms"], x["memory_gib_ms"], lost)
-            for i, v in enumerate((*values, x["cost_micros"])):
-                sums[i] += v
-        if not acc:
-            return
-        have = {
-            (r.day, r.team, r.user, r.pool, r.gpu_model): r
-            for r in s.scalars(
-                select(UsageDailyRow).where(
-                    UsageDailyRow.day.in_({k[0] for k in acc}),
-                    UsageDailyRow.team.in_({k[1] for k in acc}),
-                )
-            )
-        }
-        for key, sums in acc.items():
-            row = have.get(key)
-            if row is None:
-                day, team, user, pool, gpu_model = key
-                row = UsageDailyRow(day=day, team=team, user=user, pool=pool, gpu_model=gpu_model)
-                row.lines = row.run_ms = row.gpu_ms = row.cpu_ms = 0
-                row.memory_gib_ms = row.lost_gpu_ms = row.cost_micros = 0
-                s.add(row)
-            for name, v in zip(SUMS, sums, strict=True):
-                setattr(row, name, getattr(row, name) + v)
+            values = (*values, x["cost_micros"])
+            key = (day, x["team"], x["user"], x["pool"] or "", x["gpu_model"] or "")
+            for acc, k in ((fine, key), (by_team, key[:2])):
+                sums = acc.setdefault(k, [0] * len(SUMS))
+                for i, v in enumerate(values):
+                    sums[i] += v
+        _add_sums(s, UsageDailyRow, ("day", "team", "user", "pool", "gpu_model"), fine)
+        _add_sums(s, UsageTeamDailyRow, ("day", "team"), by_team)
 
     # -- reports ----------------------------------------------------------------------
 
@@ -306,15 +308,27 @@ class UsageStore:
     ) -> list[UsageTotal]:
         """Sums of the lines that ended in [since, until) (of `team`), one per value of the
         `by` column (GROUPS), biggest cost first; by None: the grand total alone. Without
-        `until`, whole UTC days come from the daily sums and only the lines of the first,
-        partial day are read; the figures are the same integers either way."""
+        `until`, whole UTC days come from the daily sums (by team or in all: the team's
+        daily sums) and only the lines of the first, partial day are read (from the index
+        that covers their sums); the figures are the same integers either way."""
         if until is not None or (by is not None and by not in DAILY_GROUPS):
             return _ordered(_merged(self._line_totals(by, since, until, team), by))
         first_day = None if since is None else math.ceil(since / DAY)
-        parts = self._daily_totals(by, first_day, team)
+        if by in (None, "team"):
+            parts = self._team_daily_totals(by, first_day, team)
+        else:
+            parts = self._daily_totals(by, first_day, team)
         if since is not None:
             parts += self._line_totals(by, since, first_day * DAY, team)
         return _ordered(_merged(parts, by))
+
+    def _team_daily_totals(self, by, first_day: int | None, team: str | None) -> list[tuple]:
+        T = UsageTeamDailyRow
+        where = [] if first_day is None else [T.day >= first_day]
+        if team is not None:
+            where.append(T.team == team)
+        sums = tuple(func.sum(getattr(T, n)) for n in SUMS)
+        return self._grouped(T.team if by == "team" else None, sums, where)
 
     def _line_totals(self, by, since, until, team) -> list[tuple]:
         lost = case((UsageLineRow.end_reason.in_(LOST), UsageLineRow.gpu_ms), else_=0)
@@ -367,6 +381,31 @@ class UsageStore:
         with self._session.begin() as s:
             s.execute(UsageLineRow.__table__.insert(), lines)
             self._add_daily(s, lines)
+
+
+def grand_total(groups: list[UsageTotal]) -> UsageTotal:
+    """The total of every group of a grouping (each line is in exactly one group)."""
+    sums = [sum(getattr(g, n) for g in groups) for n in SUMS]
+    return UsageTotal(None, *sums)
+
+
+def _add_sums(s: Session, Row, keys: tuple[str, ...], acc: dict[tuple, list[int]]) -> None:
+    """Add `acc` (key values -> SUMS) to the sum rows `Row` keyed by the columns `keys`."""
+    if not acc:
+        return
+    have = {
+        tuple(getattr(r, k) for k in keys): r
+        for r in s.scalars(
+            select(Row).where(Row.day.in_({k[0] for k in acc}), Row.team.in_({k[1] for k in acc}))
+        )
+    }
+    for key, sums in acc.items():
+        row = have.get(key)
+        if row is None:
+            row = Row(**dict(zip(keys, key, strict=True)), **dict.fromkeys(SUMS, 0))
+            s.add(row)
+        for name, v in zip(SUMS, sums, strict=True):
+            setattr(row, name, getattr(row, name) + v)
 
 
 def _merged(parts: list[tuple], by: str | None) -> list[UsageTotal]:

@@ -1,5 +1,6 @@
-"""Tables of the usage ledger: one line per ended job attempt, its daily sums, the prices
-admins set, and the accountant's cursor over the event log.
+"""Tables of the usage ledger: one line per ended job attempt, its daily sums (per team,
+user, pool and GPU model, and per team alone), the prices admins set, and the
+accountant's cursor over the event log.
 
 Quantities are integers so that every total is the exact sum of its lines: milliseconds
 of run time, GPU-, CPU- and memory-GiB-milliseconds, and cost in micro-units of the
@@ -13,12 +14,27 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from aicluster.store.schema import Base
 
+# The columns of the covering index a range report reads (ended_at first).
+LINE_SUMS = (
+    "ended_at",
+    "team",
+    "end_reason",
+    "run_ms",
+    "gpu_ms",
+    "cpu_ms",
+    "memory_gib_ms",
+    "cost_micros",
+)
+
 
 class UsageLineRow(Base):
     __tablename__ = "usage_lines"
     __table_args__ = (
         UniqueConstraint("job_id", "attempt", name="uq_usage_lines_job_attempt"),
         Index("ix_usage_lines_team_ended", "team", "ended_at"),
+        # Covers a report's sums over a time range (the first, partial day of a window):
+        # read from the index alone, never from the lines' rows.
+        Index("ix_usage_lines_ended_sums", *LINE_SUMS),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(String(80))
@@ -34,7 +50,7 @@ class UsageLineRow(Base):
     memory: Mapped[int] = mapped_column(BigInteger)  # bytes
     admitted_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # None: never ran
-    ended_at: Mapped[float] = mapped_column(Float, index=True)
+    ended_at: Mapped[float] = mapped_column(Float)
     end_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     run_ms: Mapped[int] = mapped_column(BigInteger)
     gpu_ms: Mapped[int] = mapped_column(BigInteger)
@@ -64,6 +80,25 @@ class UsageDailyRow(Base):
     user: Mapped[str] = mapped_column(String(64))
     pool: Mapped[str] = mapped_column(String(64))
     gpu_model: Mapped[str] = mapped_column(String(128))
+    lines: Mapped[int] = mapped_column(BigInteger)
+    run_ms: Mapped[int] = mapped_column(BigInteger)
+    gpu_ms: Mapped[int] = mapped_column(BigInteger)
+    cpu_ms: Mapped[int] = mapped_column(BigInteger)
+    memory_gib_ms: Mapped[int] = mapped_column(BigInteger)
+    lost_gpu_ms: Mapped[int] = mapped_column(BigInteger)
+    cost_micros: Mapped[int] = mapped_column(BigInteger)
+
+
+class UsageTeamDailyRow(Base):
+    """The lines of a UTC day summed per team, written with the lines (and with
+    `usage_daily`): reports by team, and grand totals, over whole days read these: some
+    one row a day per team instead of one per (team, user, pool, GPU model)."""
+
+    __tablename__ = "usage_team_daily"
+    __table_args__ = (UniqueConstraint("day", "team", name="uq_usage_team_daily_key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    day: Mapped[int] = mapped_column(Integer)  # UNIX days: floor(ended_at / 86400)
+    team: Mapped[str] = mapped_column(String(64))
     lines: Mapped[int] = mapped_column(BigInteger)
     run_ms: Mapped[int] = mapped_column(BigInteger)
     gpu_ms: Mapped[int] = mapped_column(BigInteger)
