@@ -287,6 +287,10 @@ def job_token_may(method: str, path: str) -> bool:
         return True
     if path.startswith("/v1/artifacts/uploads"):
         return True  # its own upload sessions; ArtifactService checks the artifact's name
+    if method == "POST" and path.startswith("/v1/artifacts/") and path.endswith("/grant"):
+        return "/versions/" in path  # a read grant: where to fetch a version it may read
+    if method == "POST" and path.startswith("/v1/artifacts/") and path.endswith("/prune"):
+        return True  # retention of its own checkpoints; ArtifactService checks the name
     return method in ("GET", "HEAD") and path.startswith("/v1/artifacts")
 
 

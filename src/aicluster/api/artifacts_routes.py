@@ -8,6 +8,12 @@ Downloads stream through GET .../versions/{version}/blobs/{sha256}; the server
 hashes the blob before it sends a byte (a corrupt one answers 409) and the client
 checks each file's hash too.
 
+The direct data path (store.artifacts.direct) carries no blob bytes here: with
+`direct: true` the upload answer holds a `grant` (a staging folder, or presigned
+PUT URLs) and the client stages the missing blobs itself, then POST .../publish;
+POST .../versions/{version}/grant answers blob paths or presigned GET URLs. The
+byte routes above stay for callers that cannot reach the storage (a sandboxed job).
+
 Errors: every route answers `{"detail": {"message": ...}}` (ErrorBody) with the
 statuses its OpenAPI entry lists; the message names the field, path or file at
 fault. Request validation errors of these routes take that shape too (422, with
@@ -28,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.concurrency import run_in_threadpool
 
 from aicluster.api.errors import ErrorBody
+from aicluster.artifacts.chunks import CHUNK_SIZE
 from aicluster.artifacts.manifest import MAX_FILES, MAX_SIZE, ManifestError
 from aicluster.artifacts.names import RefError
 from aicluster.control.api_ops import BadRequest
@@ -47,7 +54,12 @@ class FileBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     path: str
     size: StrictInt = Field(ge=0, le=MAX_SIZE)
-    sha256: str
+    sha256: str = Field(description="of the bytes; of a chunked file: its chunk root")
+    chunks: list[str] | None = Field(
+        default=None,
+        max_length=MAX_SIZE // CHUNK_SIZE + 1,
+        description="sha256 of each CHUNK_SIZE slice (files over CHUNKED_ABOVE bytes)",
+    )
 
 
 class UploadBody(BaseModel):
@@ -59,6 +71,36 @@ class UploadBody(BaseModel):
     producer_job: str | None = Field(
         default=None, max_length=MAX_JOB_ID, description="a job of the artifact's team"
     )
+    direct: bool = Field(
+        default=False,
+        description="answer a `grant` too: where to stage the missing blobs directly "
+        "(then POST .../publish instead of PUT .../blobs)",
+    )
+
+
+class DigestsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    digests: list[str] = Field(max_length=MAX_FILES, description="sha256 of blobs")
+
+
+class ReadGrantBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    digests: list[str] | None = Field(
+        default=None, max_length=MAX_FILES, description="blobs of the version (default: all)"
+    )
+
+
+class PruneBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    keep_last: StrictInt = Field(ge=1, le=1_000_000, description="keep the N newest versions")
+    keep_every: StrictInt = Field(
+        default=0, ge=0, le=1_000_000, description="and every version numbered a multiple of K"
+    )
+
+
+class ScrubBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    repair: bool = Field(default=False, description="delete the corrupt blobs found")
 
 
 _WHY = {
@@ -140,7 +182,7 @@ def version_json(v: VersionRecord, manifest=None) -> dict:
     d["ref"] = f"{v.team}/{v.name}:{v.version}"
     d["tags"] = list(v.tags)
     if manifest is not None:
-        d["files"] = [asdict(f) for f in manifest.files]
+        d["files"] = [f.as_dict() for f in manifest.files]
     return d
 
 
@@ -163,11 +205,25 @@ def artifact_router(svc: ArtifactService, principal) -> APIRouter:
         responses=errors(400, 403, 404, 409, 413, 422, 503),
     )
     def begin(body: UploadBody, who=Depends(principal)):
-        files = [f.model_dump() for f in body.files]
+        files = [f.model_dump(exclude_none=True) for f in body.files]
         up, missing = svc.begin_upload(
             who, body.name, body.kind, files, body.metadata, body.producer_job
         )
-        return {"upload_id": up.id, "team": up.team, "name": up.name, "missing": missing}
+        out = {"upload_id": up.id, "team": up.team, "name": up.name, "missing": missing}
+        if body.direct:
+            out["grant"] = svc.upload_grant(who, up.id, missing)
+        return out
+
+    @r.post("/v1/artifacts/uploads/{upload_id}/grant", responses=errors(400, 404, 413, 503))
+    def upload_grant(upload_id: str, body: DigestsBody, who=Depends(principal)):
+        """Where to stage these declared blobs directly (`grant` null: PUT them here)."""
+        return {"upload_id": upload_id, "grant": svc.upload_grant(who, upload_id, body.digests)}
+
+    @r.post("/v1/artifacts/uploads/{upload_id}/publish", responses=errors(400, 404, 413, 503))
+    def publish(upload_id: str, body: DigestsBody, who=Depends(principal)):
+        """Publish blobs staged under the upload's grant; `refused` says why others were not."""
+        done, refused = svc.publish(who, upload_id, body.digests)
+        return {"upload_id": upload_id, "published": done, "refused": refused}
 
     @r.get("/v1/artifacts/uploads/{upload_id}", responses=errors(404, 503))
     def missing(upload_id: str, who=Depends(principal)):
@@ -218,6 +274,17 @@ def artifact_router(svc: ArtifactService, principal) -> APIRouter:
     def gc(who=Depends(principal)):
         return asdict(svc.gc(who))
 
+    @r.get("/v1/artifacts/usage", responses=errors(400, 409, 503))
+    def usage(team: str | None = None, who=Depends(principal)):
+        """Bytes of storage each team's versions use (distinct blobs; admins: every team)."""
+        return {"teams": svc.usage(who, team)}
+
+    @r.post("/v1/artifacts/scrub", responses=errors(400, 403, 413, 503))
+    def scrub(body: ScrubBody | None = None, who=Depends(principal)):
+        """Admins: re-hash every stored blob; `corrupt` lists those that do not match."""
+        report = svc.scrub(who, body.repair if body else False)
+        return asdict(report) | {"corrupt": list(report.corrupt)}
+
     @r.get("/v1/artifacts/{team}/{name}", responses=errors(400, 404))
     def describe(team: str, name: str, who=Depends(principal)):
         art, versions = svc.get(who, f"{team}/{name}")
@@ -237,6 +304,17 @@ def artifact_router(svc: ArtifactService, principal) -> APIRouter:
         headers = {"Content-Length": str(size), "X-Sha256": digest}
         return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
 
+    @r.post(
+        "/v1/artifacts/{team}/{name}/versions/{selector}/grant",
+        responses=errors(400, 404, 409, 413, 503),
+    )
+    def read_grant(
+        team: str, name: str, selector: str, body: ReadGrantBody, who=Depends(principal)
+    ):
+        """Where to fetch the version's blobs directly (`grant` null: GET them here)."""
+        v, grant = svc.read_grant(who, f"{team}/{name}:{selector}", body.digests)
+        return {"ref": f"{v.team}/{v.name}:{v.version}", "grant": grant}
+
     @r.delete(
         "/v1/artifacts/{team}/{name}/versions/{selector}", responses=errors(400, 403, 404, 409, 503)
     )
@@ -254,6 +332,13 @@ def artifact_router(svc: ArtifactService, principal) -> APIRouter:
     def untag(team: str, name: str, tag: str, who=Depends(principal)):
         svc.untag(who, f"{team}/{name}", tag)
         return Response(status_code=204)
+
+    @r.post("/v1/artifacts/{team}/{name}/prune", responses=errors(400, 403, 404, 409, 413, 503))
+    def prune(team: str, name: str, body: PruneBody, who=Depends(principal)):
+        """Delete the versions a retention policy does not keep (tagged ones stay), then
+        collect the blobs no remaining version names."""
+        gone, report = svc.prune(who, f"{team}/{name}", body.keep_last, body.keep_every)
+        return {"deleted": gone, "gc": asdict(report)}
 
     @r.put("/v1/artifacts/{team}/{name}/shares/{other}", responses=errors(400, 403, 404))
     def share(team: str, name: str, other: str, who=Depends(principal)):

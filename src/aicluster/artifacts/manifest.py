@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from aicluster.artifacts.chunks import CHUNK_SIZE, CHUNKED_ABOVE, blob_sizes, chunk_root, spans
+
 CHUNK = 1 << 20
 FORMAT = 1
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -32,9 +34,19 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class FileEntry:
+    """One file; `chunks` (artifacts.chunks) when it is stored as chunks, and then
+    `sha256` is their chunk root."""
+
     path: str
     size: int
     sha256: str
+    chunks: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        d = {"path": self.path, "size": self.size, "sha256": self.sha256}
+        if self.chunks:
+            d["chunks"] = list(self.chunks)
+        return d
 
 
 @dataclass(frozen=True)
@@ -54,19 +66,20 @@ class Manifest:
         return sum(f.size for f in self.files)
 
     def digests(self) -> set[str]:
-        return {f.sha256 for f in self.files}
+        """The blobs this version is stored as (chunks of chunked files)."""
+        return set(blob_sizes(self.files))
 
     def to_json(self) -> bytes:
         d = asdict(self)
         d["format"] = FORMAT
-        d["files"] = [asdict(f) for f in self.files]
+        d["files"] = [f.as_dict() for f in self.files]
         return json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:
         try:
             d = json.loads(data)
-            files = tuple(FileEntry(**f) for f in d.pop("files"))
+            files = tuple(_entry(i, f) for i, f in enumerate(d.pop("files")))
             d.pop("format", None)
             return cls(files=check_files(files), **d)
         except (ValueError, TypeError, KeyError) as exc:
@@ -128,9 +141,35 @@ def check_path(path: str, strict: bool = False) -> str:
 def _entry(i: int, f) -> FileEntry:
     if isinstance(f, FileEntry):
         return f
-    if not isinstance(f, dict) or set(f) != {"path", "size", "sha256"}:
-        raise ManifestError(f"files[{i}]: expected an object with path, size and sha256")
-    return FileEntry(f["path"], f["size"], f["sha256"])
+    if not isinstance(f, dict) or not (
+        {"path", "size", "sha256"} <= set(f) <= {"path", "size", "sha256", "chunks"}
+    ):
+        raise ManifestError(
+            f"files[{i}]: expected an object with path, size and sha256 (and optional chunks)"
+        )
+    chunks = f.get("chunks") or ()
+    if not isinstance(chunks, list | tuple):
+        raise ManifestError(f"files[{i}]: chunks must be a list of sha256")
+    return FileEntry(f["path"], f["size"], f["sha256"], tuple(chunks))
+
+
+def _check_chunks(i: int, f: FileEntry, name: str) -> None:
+    """A chunked file: one digest per CHUNK_SIZE slice, and its sha256 their root."""
+    if not f.chunks:
+        return
+    if f.size <= CHUNKED_ABOVE:
+        raise ManifestError(f"files[{i}] {name}: only files over {CHUNKED_ABOVE} bytes are chunked")
+    want = len(spans(f.size))
+    if len(f.chunks) != want:
+        raise ManifestError(
+            f"files[{i}] {name}: {len(f.chunks)} chunks, but {f.size} bytes make {want} "
+            f"chunks of {CHUNK_SIZE}"
+        )
+    for j, c in enumerate(f.chunks):
+        if not is_digest(c):
+            raise ManifestError(f"files[{i}] {name}: chunks[{j}] must be 64 lowercase hex digits")
+    if chunk_root(f.chunks) != f.sha256:
+        raise ManifestError(f"files[{i}] {name}: sha256 is not the chunk root of its chunks")
 
 
 def check_files(files, strict: bool = False) -> tuple[FileEntry, ...]:
@@ -155,15 +194,17 @@ def check_files(files, strict: bool = False) -> tuple[FileEntry, ...]:
             raise ManifestError(f"files[{i}] {name}: size {f.size} is over {MAX_SIZE}")
         if not is_digest(f.sha256):
             raise ManifestError(f"files[{i}] {name}: sha256 must be 64 lowercase hex digits")
+        _check_chunks(i, f, name)
         if f.path in seen:
             raise ManifestError(f"files[{i}]: file {name} is listed twice")
         if strict:
-            other = sizes.setdefault(f.sha256, (f.size, f.path))
-            if other[0] != f.size:
-                raise ManifestError(
-                    f"files[{i}] {name}: size {f.size} differs from the size {other[0]} "
-                    f"declared for the same sha256 by {shown(other[1])}"
-                )
+            for digest, size in blob_sizes([f]).items():
+                other = sizes.setdefault(digest, (size, f.path))
+                if other[0] != size:
+                    raise ManifestError(
+                        f"files[{i}] {name}: size {size} differs from the size {other[0]} "
+                        f"declared for the same sha256 {digest} by {shown(other[1])}"
+                    )
         seen[f.path] = i
         out.append(f)
     if strict:

@@ -1,4 +1,5 @@
-"""`aicluster artifacts ...`: push, pull, ls, describe, tag, rm, share, gc.
+"""`aicluster artifacts ...`: push, pull, ls, describe, tag, rm, share, gc, prune, usage,
+scrub.
 
 Invariants (as for every command, see cli.common): `--url`/`--token` or the
 client config; a user mistake prints one red line naming the argument and exits
@@ -297,9 +298,67 @@ def gc(url: UrlOpt = None, token: TokenOpt = None) -> None:
     typer.echo(f"deleted {r['deleted']} blob(s), freed {out.fmt_bytes(r['freed_bytes'])}")
 
 
+def prune(
+    name: NameArg,
+    keep_last: Annotated[int, typer.Option("--keep-last", help="newest versions kept")],
+    keep_every: Annotated[
+        int, typer.Option("--keep-every", help="also every version numbered a multiple of K")
+    ] = 0,
+    output: OutputOpt = OutputFormat.table,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Delete the versions of NAME a retention policy does not keep (tagged ones stay)."""
+    with cli_errors(), make_client(url, token) as c:
+        r = sdk.prune(c, name, keep_last, keep_every)
+    if output == OutputFormat.json:
+        out.print_json(r)
+        return
+    gone = ", ".join(map(str, r["deleted"])) or "none"
+    typer.echo(f"deleted versions: {gone}; freed {out.fmt_bytes(r['gc']['freed_bytes'])}")
+
+
+def usage(
+    team: Annotated[str | None, typer.Option("--team", help="one team (admins)")] = None,
+    output: OutputOpt = OutputFormat.table,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Artifact storage used per team: distinct blobs of its versions (admins: every team)."""
+    with cli_errors(), make_client(url, token) as c:
+        teams = sdk.usage(c, team)
+    if output == OutputFormat.json:
+        out.print_json(teams)
+        return
+    for name, u in teams.items():
+        typer.echo(
+            f"{name}: {out.fmt_bytes(u['bytes'])} in {u['blobs']} blob(s), "
+            f"{u['versions']} version(s)"
+        )
+
+
+def scrub(
+    repair: Annotated[bool, typer.Option("--repair", help="delete the corrupt blobs")] = False,
+    output: OutputOpt = OutputFormat.table,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Re-hash every stored blob and list the corrupt ones (admin); exit 1 if any."""
+    with cli_errors(), make_client(url, token) as c:
+        r = sdk.scrub(c, repair)
+    if output == OutputFormat.json:
+        out.print_json(r)
+    else:
+        typer.echo(f"checked {r['checked']} blob(s), {out.fmt_bytes(r['bytes'])}")
+        for digest in r["corrupt"]:
+            typer.echo(f"corrupt: {digest}" + (" (deleted)" if r["deleted"] else ""))
+    if r["corrupt"]:
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     """Add the `artifacts` group."""
     sub = typer.Typer(help="Versioned datasets, checkpoints and models.", no_args_is_help=True)
-    for fn in (push, pull, ls, describe, tag, rm, share, gc):
+    for fn in (push, pull, ls, describe, tag, rm, share, gc, prune, usage, scrub):
         sub.command(fn.__name__)(fn)
     app.add_typer(sub, name="artifacts")

@@ -1,7 +1,9 @@
 """Artifact calls of the Python client: functions that take a `Client`.
 
-Bytes go between this process and the API's blob routes; names, manifests and
-the verified folder writing are the artifact format's (`aicluster.artifacts`).
+Bytes go between this process and the storage itself where the API grants it and
+this machine can reach it (the direct data path, `client.transfer`), else through
+the API's blob routes; names, manifests and the verified folder writing are the
+artifact format's (`aicluster.artifacts`).
 
 Invariants:
 - `push` hashes every file locally, uploads only the blobs the server lacks
@@ -17,15 +19,18 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from aicluster.artifacts.manifest import FileEntry, Manifest, ManifestError, scan_folder
+from aicluster.artifacts.chunks import blob_sizes
+from aicluster.artifacts.manifest import FileEntry, Manifest, ManifestError
 from aicluster.artifacts.names import ArtifactRef, RefError, parse_ref
 from aicluster.artifacts.tree import write_tree
+from aicluster.client import transfer
 from aicluster.client.api import ApiError, Client
 
 Progress = Callable[[int], None]
@@ -61,31 +66,35 @@ def push(
     progress: Progress | None = None,
     hashing: Progress | None = None,
     on_plan: Callable[[int, int], None] | None = None,
+    direct: bool = True,
 ) -> dict:
     """Upload a folder (or one file) as a new version of `name`; returns the version.
 
     `hashing(n)` and `progress(n)` receive byte counts while hashing and uploading;
     `on_plan(blobs, bytes)` is told how much will be uploaded once that is known.
+    `direct`: stage the blobs in the storage itself where the API's grant lets this
+    machine (client.transfer); otherwise, or when it cannot, send them to the API.
     """
     try:
-        scanned = scan_folder(Path(path), hashing)
+        scanned = transfer.scan(Path(path), hashing)
     except (ManifestError, OSError) as exc:
         raise ApiError(400, f"PATH: {exc}") from None
-    where = {e.sha256: (p, e.size) for e, p in scanned}
+    where = transfer.places(scanned)
     body = {
         "name": name,
         "kind": kind,
-        "files": [e.__dict__ for e, _ in scanned],
+        "files": [e.as_dict() for e, _ in scanned],
         "metadata": metadata or {},
         "producer_job": producer_job,
     }
+    if direct:
+        body["direct"] = True
     up = client.request_json("POST", "/v1/artifacts/uploads", json=body)
-    missing = up["missing"]
+    missing, grant = up["missing"], up.get("grant")
     if on_plan:
-        on_plan(len(missing), sum(where[d][1] for d in missing))
+        on_plan(len(missing), sum(where[d][2] for d in missing))
     for _ in range(3):
-        for digest in missing:
-            put_blob(client, up["upload_id"], digest, where[digest][0], progress)
+        grant = _send(client, up["upload_id"], missing, where, grant, progress)
         try:
             return client.request_json("POST", f"/v1/artifacts/uploads/{up['upload_id']}/commit")
         except ApiError as exc:
@@ -93,25 +102,50 @@ def push(
             if exc.status_code != 409 or not again:
                 raise
             missing = again  # collected meanwhile: send them again
+            if grant is not None:
+                grant = client.request_json(
+                    "POST",
+                    f"/v1/artifacts/uploads/{up['upload_id']}/grant",
+                    json={"digests": missing},
+                )["grant"]
     raise ApiError(409, f"could not commit {name}: blobs keep disappearing")
 
 
-def put_blob(
-    client: Client, upload_id: str, digest: str, path: Path, progress: Progress | None = None
-) -> dict:
-    def chunks() -> Iterator[bytes]:
-        with open(path, "rb") as f:
-            while data := f.read(CHUNK):
-                if progress:
-                    progress(len(data))
-                yield data
+def _send(client: Client, upload_id: str, missing, where, grant, progress) -> dict | None:
+    """Send the missing blobs: staged directly under `grant` and published, or (no
+    grant, or one this machine cannot use) through the API. Returns the grant still
+    worth using."""
+    if grant is not None and missing:
+        try:
+            transfer.stage(grant, {d: where[d] for d in missing}, progress)
+        except transfer.GrantUnusable:
+            grant = None
+        else:
+            res = client.request_json(
+                "POST", f"/v1/artifacts/uploads/{upload_id}/publish", json={"digests": missing}
+            )
+            missing = sorted(res["refused"])  # e.g. a file that changed size: the API says
+    if grant is None or missing:
+        for digest in missing:
+            put_blob(client, upload_id, digest, where[digest], progress)
+    return grant
 
-    size = Path(path).stat().st_size
+
+def put_blob(
+    client: Client,
+    upload_id: str,
+    digest: str,
+    place: Path | transfer.Place,
+    progress: Progress | None = None,
+) -> dict:
+    """Send one blob through the API: a whole file, or (file, offset, length)."""
+    if not isinstance(place, tuple):
+        place = (Path(place), 0, Path(place).stat().st_size)
     return client.request_json(
         "PUT",
         f"/v1/artifacts/uploads/{upload_id}/blobs/{digest}",
-        content=chunks(),
-        headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"},
+        content=transfer.read_place(place, progress),
+        headers={"Content-Length": str(place[2]), "Content-Type": "application/octet-stream"},
         timeout=TRANSFER_TIMEOUT,
     )
 
@@ -120,7 +154,10 @@ def put_blob(
 
 
 def manifest_of(version: dict) -> Manifest:
-    files = tuple(FileEntry(f["path"], f["size"], f["sha256"]) for f in version["files"])
+    files = tuple(
+        FileEntry(f["path"], f["size"], f["sha256"], tuple(f.get("chunks") or ()))
+        for f in version["files"]
+    )
     return Manifest(
         version["team"],
         version["name"],
@@ -159,29 +196,47 @@ def pull(
     cache=None,
     progress: Progress | None = None,
     on_plan: Callable[[int, int], None] | None = None,
+    direct: bool = True,
 ) -> tuple[dict, Path]:
     """Download a version into the new folder `dest`; returns (version, path).
 
     With `cache` (a runtime.cache.BlobCache), `dest` is a read-only folder of links
-    into the cache and only blobs missing from the cache are downloaded.
+    into the cache and only blobs missing from the cache are downloaded. `direct`:
+    read the blobs from the storage itself where the API's grant lets this machine.
     """
     v = version(client, name)
     manifest = manifest_of(v)
-    fetch = blob_fetcher(client, v)
     dest = Path(dest)
+    sizes = blob_sizes(manifest.files) if cache is None else cache.wanted(manifest)
     if on_plan:
-        sizes = {f.sha256: f.size for f in manifest.files}
-        if cache is not None:
-            sizes = {d: s for d, s in sizes.items() if not cache.has(d)}
         on_plan(len(sizes), sum(sizes.values()))
+    with ExitStack() as stack:
+        fetch = blob_fetcher(client, v)
+        grant = read_grant(client, v, sorted(sizes)) if direct and sizes else None
+        if grant is not None:
+            http = stack.enter_context(transfer.storage_http()) if grant["kind"] == "s3" else None
+            fetch = transfer.fetcher(grant, fetch, http)
+        try:
+            if cache is not None:
+                return v, cache.materialise(manifest, dest, fetch, progress).path
+            return v, write_tree(manifest, dest, fetch, progress)
+        except FileExistsError as exc:
+            raise ApiError(400, f"DEST: {exc}") from None
+        except ValueError as exc:  # hash mismatch
+            raise ApiError(502, f"{name}: {exc}") from None
+
+
+def read_grant(client: Client, version: dict, digests: list[str]) -> dict | None:
+    """Where this version's blobs may be read directly (None: through the API)."""
+    base = f"/v1/artifacts/{quote(version['team'])}/{quote(version['name'])}"
     try:
-        if cache is not None:
-            return v, cache.materialise(manifest, dest, fetch, progress).path
-        return v, write_tree(manifest, dest, fetch, progress)
-    except FileExistsError as exc:
-        raise ApiError(400, f"DEST: {exc}") from None
-    except ValueError as exc:  # hash mismatch
-        raise ApiError(502, f"{name}: {exc}") from None
+        return client.request_json(
+            "POST", f"{base}/versions/{version['version']}/grant", json={"digests": digests}
+        )["grant"]
+    except ApiError as exc:
+        if exc.status_code in (404, 405):  # an API without the direct data path
+            return None
+        raise
 
 
 # --- the rest -------------------------------------------------------------------------
@@ -223,6 +278,28 @@ def delete(client: Client, name: str) -> dict:
     if ref.selector is None:
         raise ApiError(400, f"{ref}: name the version to delete (NAME:VERSION or NAME:TAG)")
     return client.request_json("DELETE", f"{_base(ref)}/versions/{quote(ref.selector)}")
+
+
+def prune(client: Client, name: str, keep_last: int, keep_every: int = 0) -> dict:
+    """Keep the `keep_last` newest versions and every `keep_every`-th (and tagged ones);
+    delete the rest. Returns {"deleted": [versions], "gc": {...}}."""
+    ref = resolve_ref(client, name)
+    return client.request_json(
+        "POST",
+        f"{_base(ref)}/prune",
+        json={"keep_last": keep_last, "keep_every": keep_every},
+    )
+
+
+def usage(client: Client, team: str | None = None) -> dict[str, dict]:
+    """team -> {"bytes", "blobs", "versions"} of artifact storage (yours; admins: all)."""
+    params = {"team": team} if team else {}
+    return client.request_json("GET", "/v1/artifacts/usage", params=params)["teams"]
+
+
+def scrub(client: Client, repair: bool = False) -> dict:
+    """Admins: re-hash every stored blob; `corrupt` lists those that do not match."""
+    return client.request_json("POST", "/v1/artifacts/scrub", json={"repair": repair})
 
 
 def share(client: Client, name: str, team: str, shared: bool = True) -> dict:

@@ -13,6 +13,9 @@ bytes, so declaring another team's digest gets neither its bytes nor a hint that
 it exists. `producer_job` must name a job of the artifact's team; the service is
 given `job_team(job_id) -> team or None` to check it (None: the job does not exist).
 A blob is hashed before any of it is sent, so a corrupt one is refused, not served.
+Grants (the direct data path, store.artifacts.direct) follow the same rules: an
+upload grant only for the caller's own session and its declared blobs, a read
+grant only for blobs of a version the caller may read.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from aicluster.artifacts.manifest import Manifest, ManifestError, is_digest
 from aicluster.artifacts.names import ArtifactRef, RefError, check_tag, check_team, parse_ref
+from aicluster.artifacts.retention import Retention
 from aicluster.control.api_ops import BadRequest, ForbiddenError, NotFoundError
 from aicluster.store.artifacts import ArtifactRecord, ArtifactStore, VersionRecord
 from aicluster.store.artifacts.index import UploadRecord
@@ -148,6 +152,39 @@ class ArtifactService:
         self._upload_for(who, upload_id)
         return self.artifacts.blob_writer(upload_id, digest)
 
+    def upload_grant(self, who: Principal, upload_id: str, digests: list[str]) -> dict | None:
+        """Where the caller may stage these blobs of its upload itself (None: use PUT)."""
+        self._check_digests(digests)
+        self._upload_for(who, upload_id)
+        return self.artifacts.upload_grant(upload_id, digests)
+
+    def publish(self, who: Principal, upload_id: str, digests: list[str]):
+        """Publish blobs the caller staged; ({published}, {digest: why refused})."""
+        self._check_digests(digests)
+        self._upload_for(who, upload_id)
+        return self.artifacts.publish(upload_id, digests)
+
+    @staticmethod
+    def _check_digests(digests: list[str]) -> None:
+        for i, d in enumerate(digests):
+            if not is_digest(d):
+                raise BadRequest(f"digests[{i}]: must be 64 lowercase hex digits (sha256)")
+
+    def read_grant(
+        self, who: Principal, name: str, digests: list[str] | None
+    ) -> tuple[VersionRecord, dict | None]:
+        """The version and where the caller may fetch its blobs (default: all of them)
+        itself; the grant is None when the storage has no direct path."""
+        v, manifest = self.version(who, name)
+        have = manifest.digests()
+        if digests is None:
+            digests = sorted(have)
+        self._check_digests(digests)
+        for d in digests:
+            if d not in have:
+                raise NotFoundError(f"blob {d} is not part of {v.team}/{v.name}:{v.version}")
+        return v, self.artifacts.read_grant(digests)
+
     def commit(self, who: Principal, upload_id: str) -> VersionRecord:
         self._upload_for(who, upload_id)
         try:
@@ -194,7 +231,7 @@ class ArtifactService:
         """(size, chunks) of one file of a version the caller may read, its bytes
         hashed before this returns (BlobCorrupt: nothing of it is to be sent)."""
         v, manifest = self.version(who, name)
-        if digest not in {f.sha256 for f in manifest.files}:
+        if digest not in manifest.digests():
             raise NotFoundError(f"blob {digest} is not part of {v.team}/{v.name}:{v.version}")
         return self.artifacts.open_blob(digest)
 
@@ -226,6 +263,16 @@ class ArtifactService:
         self._check_write(who, ref, "delete")
         return self.artifacts.delete_version(ref)
 
+    def prune(self, who: Principal, name: str, keep_last: int, keep_every: int):
+        """Apply a retention policy (artifacts.retention) to `name`'s versions."""
+        ref = self.ref(who, name)
+        try:
+            policy = Retention(keep_last, keep_every)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        self._check_write(who, ref, "prune")
+        return self.artifacts.prune(ref.team, ref.name, policy)
+
     def share(
         self, who: Principal, name: str, teams: Iterable[str], shared: bool
     ) -> ArtifactRecord:
@@ -243,3 +290,21 @@ class ArtifactService:
         if not who.is_admin:
             raise ForbiddenError("this needs an admin token")
         return self.artifacts.gc()
+
+    def usage(self, who: Principal, team: str | None = None) -> dict[str, dict]:
+        """Storage used per team (admins: every team or `team`; others: their own)."""
+        if team is not None:
+            try:
+                check_team(team)
+            except RefError as exc:
+                raise BadRequest(str(exc)) from None
+        if not who.is_admin:
+            if who.team is None or (team is not None and team != who.team):
+                return {}
+            team = who.team
+        return self.artifacts.usage(team)
+
+    def scrub(self, who: Principal, repair: bool = False):
+        if not who.is_admin:
+            raise ForbiddenError("this needs an admin token")
+        return self.artifacts.scrub(repair)

@@ -550,6 +550,7 @@ class Controller:
             AICLUSTER_ATTEMPT=str(attempt),
             AICLUSTER_RESTARTS=str(rec.restarts),
         )
+        env.update(spec.checkpoint.env() if spec.checkpoint else {})  # checkpoint.save
         if self.api_url:  # a token scoped to this attempt: its team's artifacts, its checkpoints
             env.update(
                 AICLUSTER_URL=self.api_url,

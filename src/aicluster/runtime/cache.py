@@ -16,31 +16,39 @@ Invariants:
 - `materialise(manifest, dest, fetch)` builds `dest` beside itself and renames it
   into place, so `dest` is either absent or complete; its files are hard links
   into the cache (copies across file systems), read-only, as are its folders. A
-  second materialisation of a cached artifact fetches nothing.
+  second materialisation of a cached artifact fetches nothing. Up to PREFETCH
+  missing blobs are fetched at once.
+- A chunked file (artifacts.chunks) is cached whole, under its chunk root, and
+  assembled chunk by chunk, each chunk checked; `chunks/<2 hex>/<chunk>` notes
+  where a chunk lies in a cached file, so a node that holds version k fetches only
+  the chunks version k+1 changed (a chunk read locally is checked too).
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import shutil
 import stat
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from aicluster.artifacts.manifest import Manifest, check_path
+from aicluster.artifacts.chunks import spans
+from aicluster.artifacts.manifest import FileEntry, Manifest, check_path
+from aicluster.artifacts.tree import run_pieces, write_piece
 
 Fetch = Callable[[str], Iterable[bytes]]  # digest -> its bytes, in chunks
 Progress = Callable[[int], None]
+PREFETCH = 8  # blobs fetched at once by one materialisation
 
 
-class CacheCorrupt(Exception):
+class CacheCorrupt(ValueError):
     """A fetched blob did not hash to its digest; nothing was cached."""
 
 
@@ -87,17 +95,12 @@ class BlobCache:
             os.utime(final)
             return final, None
         tmp = self.root / "tmp" / f"{digest}.{uuid.uuid4().hex[:8]}"
-        h, n = hashlib.sha256(), 0
         try:
-            with open(tmp, "wb") as f:
-                for chunk in fetch(digest):
-                    h.update(chunk)
-                    f.write(chunk)
-                    n += len(chunk)
-                    if progress:
-                        progress(len(chunk))
-            if h.hexdigest() != digest:
-                raise CacheCorrupt(f"blob {digest}: fetched bytes hash to {h.hexdigest()}")
+            tmp.touch()
+            try:
+                n = write_piece(fetch, (digest, digest, tmp, 0), progress)
+            except ValueError as exc:
+                raise CacheCorrupt(f"blob {digest}: {exc}") from None
             os.chmod(tmp, 0o444)
             final.parent.mkdir(exist_ok=True)
             os.replace(tmp, final)
@@ -115,23 +118,23 @@ class BlobCache:
         if dest.exists():
             _check_matches(manifest, dest)
             return Materialised(dest, 0, 0, len(manifest.digests()))
-        sizes = {f.sha256: f.size for f in manifest.files}
-        need = sum(s for d, s in sizes.items() if not self.has(d))
-        self.evict(target_bytes=max(0, self.max_bytes - need), protect=set(sizes))
+        entries = {f.sha256: f for f in manifest.files}  # one cache entry per content
+        need = sum(self.wanted(manifest).values())
+        self.evict(target_bytes=max(0, self.max_bytes - need), protect=set(entries))
         tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.partial"
         tmp.mkdir(parents=True)
-        fetched = fetched_bytes = 0
         try:
-            done: set[str] = set()
+            fresh = self._prefetch(
+                [f for d, f in entries.items() if not self.has(d)], fetch, progress
+            )
             for f in manifest.files:
                 target = tmp / check_path(f.path)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with self._lock(f.sha256):  # held while linking: eviction cannot interleave
-                    blob, n = self._ensure_locked(f.sha256, fetch, progress)
+                    blob, n = self._ensure_entry(f, fetch, progress)
                     _link_or_copy(blob, target)
-                if n is not None and f.sha256 not in done:
-                    fetched, fetched_bytes = fetched + 1, fetched_bytes + n
-                done.add(f.sha256)
+                if n is not None:
+                    fresh.setdefault(f.sha256, (1, n))
             _make_read_only(tmp)
             try:
                 tmp.rename(dest)
@@ -143,7 +146,108 @@ class BlobCache:
         except BaseException:
             release(tmp)
             raise
-        return Materialised(dest, fetched, fetched_bytes, len(done) - fetched)
+        blobs = sum(b for b, _ in fresh.values())
+        nbytes = sum(n for _, n in fresh.values())
+        return Materialised(dest, blobs, nbytes, len(entries) - len(fresh))
+
+    def wanted(self, manifest: Manifest) -> dict[str, int]:
+        """digest -> size of the blobs a materialisation of `manifest` would download."""
+        out: dict[str, int] = {}
+        for f in manifest.files:
+            if self.has(f.sha256):
+                continue
+            if not f.chunks:
+                out[f.sha256] = f.size
+                continue
+            for c, (_, n) in zip(f.chunks, spans(f.size)):
+                if self._chunk_source(c) is None:
+                    out[c] = n
+        return out
+
+    def _prefetch(self, entries: list[FileEntry], fetch: Fetch, progress) -> dict:
+        """Bring these files' contents into the cache, up to PREFETCH at once; sha256
+        -> (blobs, bytes) downloaded (absent: another process brought it meanwhile)."""
+        out: dict[str, tuple[int, int]] = {}
+
+        def one(f: FileEntry) -> None:
+            with self._lock(f.sha256):
+                _, n = self._ensure_entry(f, fetch, progress, counts=out)
+
+        if len(entries) > 1:
+            with ThreadPoolExecutor(min(PREFETCH, len(entries))) as pool:
+                list(pool.map(one, entries))
+        else:
+            for f in entries:
+                one(f)
+        return out
+
+    def _ensure_entry(self, f: FileEntry, fetch, progress, counts: dict | None = None):
+        """`_ensure_locked` for one file's content, chunked or not (its lock held)."""
+        if not f.chunks:
+            path, n = self._ensure_locked(f.sha256, fetch, progress)
+            if n is not None and counts is not None:
+                counts[f.sha256] = (1, n)
+            return path, n
+        final = self.path(f.sha256)
+        if final.exists():
+            os.utime(final)
+            return final, None
+        tmp = self.root / "tmp" / f"{f.sha256}.{uuid.uuid4().hex[:8]}"
+        got: list[int] = []
+        try:
+            with open(tmp, "wb") as out:
+                out.truncate(f.size)
+            pieces = [(c, f.path, tmp, off) for c, (off, _) in zip(f.chunks, spans(f.size))]
+
+            def piece(p) -> None:
+                local = self._chunk_source(p[0])
+                n = write_piece(local or fetch, p, progress if local is None else None)
+                if local is None:
+                    got.append(n)
+
+            try:
+                run_pieces(pieces, piece, PREFETCH)
+            except ValueError as exc:
+                raise CacheCorrupt(str(exc)) from None
+            os.chmod(tmp, 0o444)
+            final.parent.mkdir(exist_ok=True)
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self._index_chunks(f)
+        if counts is not None:
+            counts[f.sha256] = (len(got), sum(got))
+        return final, sum(got)
+
+    def _chunk_file(self, chunk: str) -> Path:
+        return self.root / "chunks" / chunk[:2] / chunk
+
+    def _index_chunks(self, f: FileEntry) -> None:
+        """Note where each chunk of a cached file lies, for the next version's files."""
+        for c, (off, n) in zip(f.chunks, spans(f.size)):
+            p = self._chunk_file(c)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            part = p.with_name(f"{c}.{uuid.uuid4().hex[:8]}")
+            part.write_text(f"{f.sha256} {off} {n}")
+            os.replace(part, p)
+
+    def _chunk_source(self, chunk: str) -> Fetch | None:
+        """A fetch that reads this chunk from a cached file holding it, or None."""
+        try:
+            root, off, length = self._chunk_file(chunk).read_text().split()
+            blob = self.path(root)
+            if not blob.exists():
+                return None
+        except (OSError, ValueError):
+            return None
+        start, n = int(off), int(length)
+
+        def local(digest: str) -> Iterable[bytes]:
+            with open(blob, "rb") as f:
+                f.seek(start)
+                yield f.read(n)
+
+        return local
 
     # -- space ------------------------------------------------------------------------
 

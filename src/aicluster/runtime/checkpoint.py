@@ -13,7 +13,9 @@ AICLUSTER_TEAM and AICLUSTER_JOB_NAME;
 checkpoints are versions of the artifact `TEAM/JOBNAME-ckpt` (kind checkpoint), so a
 job restarted or preempted onto any node resumes from the newest one. `latest()`
 materialises it through the node's blob cache. Outside a job (no AICLUSTER_TOKEN)
-both fall back to the folder AICLUSTER_CHECKPOINT_DIR (or ./checkpoints).
+both fall back to the folder AICLUSTER_CHECKPOINT_DIR (or ./checkpoints). With the
+job spec's `checkpoint: {keep_last, keep_every}` (AICLUSTER_CHECKPOINT_KEEP_LAST and
+_KEEP_EVERY), each save then deletes the versions that policy does not keep.
 
 This module is client code that runs inside the user's job: it talks to the API
 through the SDK (`aicluster.client`), so neither the CLI nor the store is loaded.
@@ -66,6 +68,13 @@ def save(path: str | Path, *, step: int | None = None, env=os.environ) -> str:
             metadata=meta,
             producer_job=env.get("AICLUSTER_JOB_ID"),
         )
+        if env.get("AICLUSTER_CHECKPOINT_KEEP_LAST"):  # the job spec's `checkpoint` policy
+            artifacts.prune(
+                c,
+                artifact_name(env),
+                int(env["AICLUSTER_CHECKPOINT_KEEP_LAST"]),
+                int(env.get("AICLUSTER_CHECKPOINT_KEEP_EVERY") or 0),
+            )
     return f"{v['team']}/{v['name']}:{v['version']}"
 
 

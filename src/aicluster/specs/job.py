@@ -151,6 +151,24 @@ class JobOutput(Strict):
         return v
 
 
+class CheckpointPolicy(Strict):
+    """Retention of the job's checkpoints (the artifact TEAM/NAME-ckpt): after each
+    `checkpoint.save` the newest `keep_last` versions and every `keep_every`-th stay,
+    the others are deleted and the blobs no kept version names are collected."""
+
+    keep_last: int = Field(ge=1, le=1_000_000, strict=True, description="newest versions kept")
+    keep_every: int = Field(
+        default=0, ge=0, le=1_000_000, strict=True, description="also every K-th (0: none)"
+    )
+
+    def env(self) -> dict[str, str]:
+        """What the job's processes are told (runtime.checkpoint reads it)."""
+        return {
+            "AICLUSTER_CHECKPOINT_KEEP_LAST": str(self.keep_last),
+            "AICLUSTER_CHECKPOINT_KEEP_EVERY": str(self.keep_every),
+        }
+
+
 class JobSpec(Strict):
     kind: Literal["job"] = "job"
     name: str = Field(pattern=_NAME, description="lowercase letters, digits and '-'")
@@ -168,6 +186,9 @@ class JobSpec(Strict):
     max_restarts: int = Field(default=0, ge=0, le=100, strict=True)
     inputs: list[JobInput] = Field(default_factory=list, max_length=MAX_LIST)
     outputs: list[JobOutput] = Field(default_factory=list, max_length=MAX_LIST)
+    checkpoint: CheckpointPolicy | None = Field(
+        default=None, description="retention of checkpoints: {keep_last, keep_every}"
+    )
     max_pending_seconds: float | None = Field(
         default=None,
         gt=0,

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from aicluster.store.artifacts.direct import LocalDirect, S3Direct, s3_client
+
 CHUNK = 1 << 20
 SPOOL_MAX = 16 << 20  # blobs up to this size are served from memory once verified
 CONFIG_FILE = "artifacts.json"
@@ -117,7 +119,9 @@ def open_backend(cfg: StorageConfig, env: Mapping[str, str] = os.environ) -> Blo
         root.mkdir(parents=True, exist_ok=True)
         import fsspec
 
-        return BlobBackend(fsspec.filesystem("file"), str(root), local=True, fsync=cfg.fsync)
+        backend = BlobBackend(fsspec.filesystem("file"), str(root), local=True, fsync=cfg.fsync)
+        backend.direct = LocalDirect(str(root), cfg.fsync)
+        return backend
     try:
         import s3fs
     except ImportError:
@@ -138,7 +142,14 @@ def open_backend(cfg: StorageConfig, env: Mapping[str, str] = os.environ) -> Blo
     root = cfg.url.removeprefix("s3://").rstrip("/")
     if not root:
         raise StorageError(f"artifact storage url {cfg.url!r}: name a bucket (s3://BUCKET/prefix)")
-    return BlobBackend(fs, root, local=False)
+    backend = BlobBackend(fs, root, local=False)
+    bucket, _, prefix = root.partition("/")
+    backend.direct = S3Direct(
+        s3_client(kw.get("endpoint_url"), cfg.region, kw if "key" in kw else None),
+        bucket,
+        prefix.strip("/"),
+    )
+    return backend
 
 
 class BlobBackend:
@@ -146,6 +157,7 @@ class BlobBackend:
 
     def __init__(self, fs, root: str, local: bool, fsync: bool = True):
         self.fs, self.root, self.local, self.fsync = fs, root.rstrip("/"), local, fsync
+        self.direct: LocalDirect | S3Direct | None = None  # grants (store.artifacts.direct)
 
     def describe(self) -> str:
         return self.root if self.local else f"s3://{self.root}"

@@ -96,7 +96,10 @@ def _upload(row: ArtifactUploadRow) -> UploadRecord:
         row.kind,
         row.version,
         row.tag,
-        tuple(FileEntry(**f) for f in row.files),
+        tuple(
+            FileEntry(f["path"], f["size"], f["sha256"], tuple(f.get("chunks") or ()))
+            for f in row.files
+        ),
         dict(row.meta),
         row.producer_job,
         row.created_by,
@@ -142,7 +145,7 @@ class ArtifactIndex:
                 kind=kind,
                 version=version,
                 tag=tag,
-                files=[f.__dict__ for f in files],
+                files=[f.as_dict() for f in files],
                 meta=metadata or {},
                 producer_job=producer_job,
                 created_by=created_by,
@@ -434,11 +437,30 @@ class ArtifactIndex:
         with self._session() as s:
             return set(s.scalars(select(ArtifactVersionRow.manifest_sha256)))
 
+    def manifests_by_team(self, team: str | None = None) -> dict[str, set[str]]:
+        """team -> the manifest digests of its live versions (one team, or all)."""
+        q = select(ArtifactRow.team, ArtifactVersionRow.manifest_sha256).join(
+            ArtifactVersionRow, ArtifactVersionRow.artifact_id == ArtifactRow.id
+        )
+        if team is not None:
+            q = q.where(ArtifactRow.team == team)
+        out: dict[str, set[str]] = {}
+        with self._session() as s:
+            for t, digest in s.execute(q):
+                out.setdefault(t, set()).add(digest)
+        return out
+
+    def upload_ids(self) -> set[str]:
+        with self._session() as s:
+            return set(s.scalars(select(ArtifactUploadRow.id)))
+
     def upload_digests(self) -> set[str]:
         with self._session() as s:
-            return {
-                f["sha256"] for files in s.scalars(select(ArtifactUploadRow.files)) for f in files
-            }
+            out: set[str] = set()
+            for files in s.scalars(select(ArtifactUploadRow.files)):
+                for f in files:
+                    out.update(f.get("chunks") or (f["sha256"],))
+            return out
 
     # -- proofs of possession ---------------------------------------------------------
 

@@ -2,7 +2,11 @@
 
 Upload protocol (used by the API and, in process, by `push_folder`):
 `begin_upload` (declare the files; answers which blobs are missing) ->
-`put_blob` for each missing one (streamed, hash-checked) -> `commit`.
+`put_blob` for each missing one (streamed, hash-checked) -> `commit`. On the
+direct data path (store.artifacts.direct) the client stages the missing blobs
+itself under `upload_grant` and `publish` gives them their content address
+instead of `put_blob`; readers fetch through `read_grant`. `scrub` re-verifies
+every blob at rest.
 
 Proof of possession (`require_proof=True`, what the API uses for every caller):
 a blob counts as already stored for an upload only when the uploading team has
@@ -31,10 +35,12 @@ import fcntl
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from aicluster.artifacts.chunks import blob_places, blob_sizes
 from aicluster.artifacts.manifest import (
     FileEntry,
     Manifest,
@@ -44,19 +50,23 @@ from aicluster.artifacts.manifest import (
     shown,
 )
 from aicluster.artifacts.names import ArtifactRef, check_kind, check_tag
+from aicluster.artifacts.retention import Retention
 from aicluster.artifacts.tree import write_tree
 from aicluster.store.artifacts.backend import (
     BlobBackend,
+    BlobCorrupt,
     BlobSizeMismatch,
     StorageConfig,
     load_storage_config,
     open_backend,
 )
+from aicluster.store.artifacts.direct import PublishRefused
 from aicluster.store.artifacts.index import ArtifactIndex, UploadRecord, VersionRecord
 from aicluster.store.db import Store
 from aicluster.store.errors import Conflict, NotFound
 
 Progress = Callable[[int], None]
+PUBLISH_WORKERS = 16
 
 
 class MissingBlobs(Conflict):
@@ -65,6 +75,14 @@ class MissingBlobs(Conflict):
     def __init__(self, digests: list[str]):
         super().__init__(f"{len(digests)} blob(s) are missing; upload them and commit again")
         self.digests = digests
+
+
+@dataclass(frozen=True)
+class ScrubReport:
+    checked: int
+    bytes: int
+    corrupt: tuple[str, ...]
+    deleted: bool
 
 
 @dataclass(frozen=True)
@@ -130,7 +148,7 @@ class ArtifactStore:
             return up, self._missing(up, require_proof)
 
     def _missing(self, up: UploadRecord, require_proof: bool) -> list[str]:
-        digests = sorted({f.sha256 for f in up.files})
+        digests = sorted(blob_sizes(up.files))
         if require_proof:
             proved = self.index.proved(up.team, digests)
             candidates = [d for d in digests if d in proved]
@@ -153,10 +171,10 @@ class ArtifactStore:
         most the declared size, publishes only matching bytes and records that the
         uploading team holds them."""
         up = self.upload(upload_id)
-        paths = [f.path for f in up.files if f.sha256 == digest]
-        if not paths:
+        size = blob_sizes(up.files).get(digest)
+        if size is None:
             raise NotFound(f"blob {digest} is not part of upload {upload_id}")
-        size = next(f.size for f in up.files if f.sha256 == digest)
+        paths = [f.path for f in up.files if digest in (f.chunks or (f.sha256,))]
         return UploadWriter(self, up.team, digest, size, paths)
 
     def put_blob(self, upload_id: str, digest: str, chunks: Iterable[bytes]) -> int:
@@ -169,6 +187,53 @@ class ArtifactStore:
             raise
         return w.commit()
 
+    # -- the direct data path (store.artifacts.direct) ---------------------------------
+
+    def _declared(self, up: UploadRecord, digests: Iterable[str]) -> dict[str, int]:
+        sizes = blob_sizes(up.files)
+        out = {}
+        for d in digests:
+            if d not in sizes:
+                raise NotFound(f"blob {d} is not part of upload {up.id}")
+            out[d] = sizes[d]
+        return out
+
+    def upload_grant(self, upload_id: str, digests: Iterable[str]) -> dict | None:
+        """Where the client may stage these declared blobs itself (None: no direct path)."""
+        up = self.upload(upload_id)
+        blobs = self._declared(up, digests)
+        if self.backend.direct is None:
+            return None
+        return self.backend.direct.upload_grant(up.id, blobs)
+
+    def publish(self, upload_id: str, digests: Iterable[str]) -> tuple[list[str], dict[str, str]]:
+        """Give staged blobs their content address and record that the uploading team
+        holds them. Returns (published digests, {digest: why refused})."""
+        if self.backend.direct is None:
+            raise NotFound("this storage has no direct data path")
+        with self._lock(exclusive=False):
+            up = self.upload(upload_id)
+            blobs = self._declared(up, digests)
+            done, refused = [], {}
+
+            def one(item: tuple[str, int]) -> None:
+                try:
+                    self.backend.direct.publish(up.id, *item)
+                    done.append(item[0])
+                except PublishRefused as exc:
+                    refused[item[0]] = str(exc)
+
+            with ThreadPoolExecutor(max(1, min(PUBLISH_WORKERS, len(blobs)))) as pool:
+                list(pool.map(one, blobs.items()))  # S3: a HEAD, a copy, a DELETE each
+            self.index.add_proofs(up.team, done)
+            return sorted(done), refused
+
+    def read_grant(self, digests: Iterable[str]) -> dict | None:
+        """Where a reader may fetch these blobs itself (the caller checked it may)."""
+        if self.backend.direct is None:
+            return None
+        return self.backend.direct.read_grant(sorted(set(digests)))
+
     def commit(self, upload_id: str, require_proof: bool = False) -> VersionRecord:
         """Make the upload a version: MissingBlobs if storage lacks any of its blobs
         (or, with `require_proof`, the team has not proved it holds them);
@@ -180,19 +245,26 @@ class ArtifactStore:
                 raise MissingBlobs(missing)
             self._check_sizes(up)
             v = self.index.commit_upload(upload_id, self._write_manifest)
-            self.index.add_proofs(up.team, {f.sha256 for f in up.files})
+            self.index.add_proofs(up.team, set(blob_sizes(up.files)))
+            self._discard_staging(upload_id)
             return v
 
+    def _discard_staging(self, upload_id: str) -> None:
+        if self.backend.direct is not None:
+            self.backend.direct.discard(upload_id)
+
     def _check_sizes(self, up: UploadRecord) -> None:
-        stored = self.backend.sizes({f.sha256 for f in up.files})
-        for f in up.files:
-            got = stored.get(f.sha256)
+        want = blob_sizes(up.files)
+        stored = self.backend.sizes(want)
+        places = blob_places(up.files)
+        for digest, size in sorted(want.items()):
+            got = stored.get(digest)
             if got is None:
-                raise MissingBlobs([f.sha256])
-            if got != f.size:
+                raise MissingBlobs([digest])
+            if got != size:
                 raise ManifestError(
-                    f"file {shown(f.path)}: declared size {f.size}, but its blob "
-                    f"{f.sha256} has {got} bytes"
+                    f"file {shown(places[digest][0])}: declared size {size}, but its blob "
+                    f"{digest} has {got} bytes"
                 )
 
     def _write_manifest(self, up: UploadRecord, version: int, now: float) -> str:
@@ -215,7 +287,9 @@ class ArtifactStore:
         return digest
 
     def abort(self, upload_id: str) -> bool:
-        return self.index.delete_upload(upload_id)
+        gone = self.index.delete_upload(upload_id)
+        self._discard_staging(upload_id)
+        return gone
 
     # -- reading ------------------------------------------------------------------------
 
@@ -244,6 +318,18 @@ class ArtifactStore:
             self.gc()
         return v
 
+    def prune(self, team: str, name: str, policy: Retention) -> tuple[list[int], GcReport]:
+        """Delete the versions `policy` does not keep (tags pin theirs), then collect
+        the blobs no remaining version names; (deleted versions, what gc freed)."""
+        art = self.index.get(team, name)
+        if art is None:
+            raise NotFound(f"artifact {team}/{name} not found")
+        pinned = {v for tag, v in art.tags.items() if tag != "latest"}
+        gone = policy.dropped(art.versions, pinned)
+        for v in gone:
+            self.index.delete_version(team, name, v)
+        return gone, self.gc()
+
     def gc(self, upload_ttl_s: float = 86400.0, grace_s: float = 0.0) -> GcReport:
         """Delete blobs no version and no live upload names (see the module invariants)."""
         with self._lock(exclusive=True):
@@ -262,7 +348,44 @@ class ArtifactStore:
                     gone.append(digest)
             self.index.forget_proofs(gone)
             self.backend.clean_tmp(older_than_s=3600)
+            if self.backend.direct is not None:
+                self.backend.direct.clean_staging(self.index.upload_ids(), older_than_s=grace_s)
             return GcReport(deleted, freed, len(keep))
+
+    def usage(self, team: str | None = None) -> dict[str, dict]:
+        """team -> {"bytes", "blobs", "versions"}: the distinct blobs its versions name
+        (each counted once per team, however many of its versions share it, and in
+        every team that holds it), manifests included."""
+        out = {}
+        for t, manifests in sorted(self.index.manifests_by_team(team).items()):
+            sizes: dict[str, int] = {}
+            for digest in manifests:
+                data = self.backend.read_bytes(digest)
+                sizes[digest] = len(data)
+                sizes.update(blob_sizes(Manifest.from_json(data).files))
+            out[t] = {"bytes": sum(sizes.values()), "blobs": len(sizes), "versions": len(manifests)}
+        return out
+
+    def scrub(self, repair: bool = False) -> ScrubReport:
+        """Re-hash every stored blob. `repair` deletes the corrupt ones (and every
+        team's proof of them), so the next push of those bytes stores them again."""
+        checked, nbytes, corrupt = 0, 0, []
+        for digest in sorted(self.backend.list_blobs()):
+            try:
+                for data in self.backend.iter_blob(digest):
+                    nbytes += len(data)
+                checked += 1
+            except BlobCorrupt:
+                checked += 1
+                corrupt.append(digest)
+            except FileNotFoundError:
+                continue  # deleted meanwhile
+        if repair and corrupt:
+            with self._lock(exclusive=True):
+                for digest in corrupt:
+                    self.backend.delete(digest)
+                self.index.forget_proofs(corrupt)
+        return ScrubReport(checked, nbytes, tuple(corrupt), repair and bool(corrupt))
 
     # -- in-process conveniences (engine: job outputs, checkpoints; tests) --------------
 
