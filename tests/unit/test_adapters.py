@@ -25,24 +25,32 @@ def test_vllm_command_gpus_and_endpoints():
         gpu_ids=[2, 3],
         served_model_name="llama",
         engine_args={"max_model_len": 4096, "enforce_eager": True, "enable_prefix_caching": False},
+        python="/envs/vllm/bin/python",
+        memory=16 * 2**30,
     )
     assert plan.argv == (
-        "vllm",
-        "serve",
+        "/envs/vllm/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
         "meta-llama/Llama-3.1-8B",
+        "--served-model-name",
+        "llama",
         "--host",
         "10.0.0.5",
         "--port",
         "8100",
-        "--tensor-parallel-size",
-        "2",
-        "--served-model-name",
-        "llama",
+        "--dtype",
+        "auto",
         "--max-model-len",
         "4096",
+        "--tensor-parallel-size",
+        "2",
         "--enforce-eager",
     )
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in plan.env  # a GPU replica: vLLM sizes its cache
+    assert plan.env["HF_HUB_OFFLINE"] == "1"
     assert (plan.health_path, plan.metrics_path, plan.openai_base_path) == (
         "/health",
         "/metrics",
@@ -50,6 +58,65 @@ def test_vllm_command_gpus_and_endpoints():
     )
     assert plan.ready.path == "/v1/models" and plan.ready.contains == "llama"
     assert plan.url(plan.health_path) == "http://10.0.0.5:8100/health"
+
+
+def test_vllm_on_cpu_is_eager_bfloat16_with_a_kv_cache_from_the_memory_request():
+    plan = build_launch(
+        "vllm",
+        model="/work/model",
+        host="127.0.0.1",
+        port=9000,
+        served_model_name="tiny",
+        engine_args={"max_model_len": 512},
+        python="/envs/v/bin/python",
+        memory=6 * 2**30,
+    )
+    assert plan.argv == (
+        "/envs/v/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "/work/model",
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9000",
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "512",
+        "--enforce-eager",
+    )
+    assert "--tensor-parallel-size" not in plan.argv
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert plan.env["VLLM_CPU_KVCACHE_SPACE"] == "4"  # 6 GiB less the process's own 2 GiB
+    assert plan.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"  # replicas share a node's cores
+    assert not plan.checks_secret  # behind the replica's auth proxy
+
+
+def test_vllm_overrides_dtype_kv_cache_and_eager():
+    plan = build_launch(
+        "vllm",
+        model="m",
+        host="h",
+        port=1,
+        engine_args={
+            "dtype": "float32",
+            "kv_cache_gib": 3,
+            "enforce_eager": False,
+            "cpu_threads_bind": "0-1",
+        },
+    )
+    assert plan.argv[plan.argv.index("--dtype") + 1] == "float32"
+    assert "--enforce-eager" not in plan.argv and "--kv-cache-gib" not in plan.argv
+    assert plan.env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert plan.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert "--cpu-threads-bind" not in plan.argv
+    small = build_launch("vllm", model="m", host="h", port=1, memory=2**30)
+    assert small.env["VLLM_CPU_KVCACHE_SPACE"] == "1"  # never less than 1 GiB
+    assert build_launch("vllm", model="m", host="h", port=1).env["VLLM_CPU_KVCACHE_SPACE"] == "1"
 
 
 def test_vllm_tensor_parallel_size_from_engine_args_wins():
@@ -155,7 +222,9 @@ def test_base_env_is_kept_and_gpu_visibility_overrides_it():
         gpu_ids=[5],
         base_env={"HF_HOME": "/cache", "CUDA_VISIBLE_DEVICES": "0,1,2"},
     )
-    assert plan.env == {"HF_HOME": "/cache", "CUDA_VISIBLE_DEVICES": "5"}
+    assert plan.env["HF_HOME"] == "/cache" and plan.env["CUDA_VISIBLE_DEVICES"] == "5"
+    tgi = build_launch("tgi", model="m", host="h", port=1, base_env={"HF_HOME": "/c"})
+    assert tgi.env == {"HF_HOME": "/c", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def test_flags_and_errors():
@@ -223,8 +292,8 @@ def test_simulated_engine_runs_from_its_launch_plan():
         proc.wait(timeout=10)
 
 
+# vLLM runs for real from an engine env in tests/integration/test_vllm_engine.py.
 BINARIES = {
-    "vllm": ("vllm", "--tensor-parallel-size"),
     "tgi": ("text-generation-launcher", "--num-shard"),
     "ollama": ("ollama", None),
 }
@@ -255,6 +324,6 @@ def test_real_engine_binary(engine):
             proc.wait(timeout=10)
         return
     # the flags we build must be ones the installed binary knows
-    help_argv = [binary, "serve", "--help"] if engine == "vllm" else [binary, "--help"]
+    help_argv = [binary, "--help"]
     out = subprocess.run(help_argv, capture_output=True, text=True, timeout=120, check=False)
     assert flag in out.stdout + out.stderr

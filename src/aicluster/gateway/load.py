@@ -18,6 +18,8 @@ Invariants:
   gateway's own count alone, as it is before the first scrape.
 - Reports of replicas that left the endpoint table are dropped at the next round.
 - Engines without Prometheus metrics (`NO_METRICS`) are never scraped.
+- Each scrape also hands the engine's own series of `ENGINE_SERIES` (summed over label
+  sets) to the endpoint table, for `describe` and the platform's /metrics (control.metrics).
 """
 
 from __future__ import annotations
@@ -42,6 +44,18 @@ MAX_METRICS_BYTES = 4 << 20
 RUNNING = ("vllm:num_requests_running", "tgi_batch_current_size")
 WAITING = ("vllm:num_requests_waiting", "tgi_queue_size")
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+# The engine's series shown per replica: its name -> the short name the platform uses.
+ENGINE_SERIES = {
+    "vllm:num_requests_running": "requests_running",
+    "vllm:num_requests_waiting": "requests_waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+    "vllm:generation_tokens_total": "generation_tokens",
+    "tgi_batch_current_size": "requests_running",
+    "tgi_queue_size": "requests_waiting",
+}
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,26 @@ def parse_metrics(text: str) -> tuple[float, float, float] | None:
         elif name in KV_USAGE:
             usage = max(usage, value)
     return (running, waiting, usage) if seen else None
+
+
+def engine_series(text: str) -> dict[str, float]:
+    """The ENGINE_SERIES found in Prometheus text, by short name, summed over label sets."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        name = line[:brace] if brace >= 0 else line.partition(" ")[0]
+        short = ENGINE_SERIES.get(name)
+        if short is None:
+            continue
+        try:
+            value = float(line[line.rfind("}") + 1 :].split()[0] if brace >= 0 else line.split()[1])
+        except (IndexError, ValueError):
+            continue
+        if value == value and value >= 0:
+            out[short] = out.get(short, 0.0) + value
+    return out
 
 
 def _sample(line: str) -> tuple[str | None, float]:
@@ -149,6 +183,7 @@ class LoadScraper:
         live = {r.replica_id for _, r in targets}
         for rid in set(self.reports) - live:
             self.reports.pop(rid, None)
+        self.table.keep_engine_metrics(live)
         await asyncio.gather(*(self._scrape(ep, r) for ep, r in targets))
 
     async def _scrape(self, ep: ServiceEndpoints, r) -> None:
@@ -165,6 +200,7 @@ class LoadScraper:
         parsed = parse_metrics(resp.text)
         if parsed is None:
             return
+        self.table.set_engine_metrics(r.replica_id, engine_series(resp.text))
         running, waiting, usage = parsed
         # The engine counted somewhere between the two reads: take the larger, so requests of
         # ours that finished meanwhile are never taken for someone else's (a phantom load

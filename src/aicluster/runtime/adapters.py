@@ -14,6 +14,8 @@ Vocabulary:
 - checks_secret: the engine's server checks the replica secret itself (builtin,
   simulated: runtime.replica_auth); the others are put behind the auth proxy by
   runtime.replica_main, listening on a private port on 127.0.0.1.
+- python: the interpreter of the engine's own env (runtime.envs) for engines that are
+  Python modules (vllm, builtin, simulated).
 - gpu_ids: the GPUs this replica was granted. CUDA_VISIBLE_DEVICES is always set, to the
   empty string when there are none, so a CPU replica never grabs a GPU.
 
@@ -97,6 +99,7 @@ class LaunchRequest:
     served_model_name: str | None = None
     python: str = "python3"
     base_env: Mapping[str, str] = field(default_factory=dict)
+    memory: int = 0  # the replica's memory request, bytes (0: none given)
 
     @property
     def name(self) -> str:
@@ -138,24 +141,76 @@ def _plan(req: LaunchRequest, engine: str, argv, ready: ReadyCheck, **extra) -> 
     return LaunchPlan(**fields)
 
 
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+GiB = 1 << 30
+# What a vLLM process holds besides its KV cache on CPU (interpreter, torch, the weights of
+# a small model); a replica's memory request beyond this goes to the KV cache.
+VLLM_CPU_BASE_BYTES = 2 * GiB
+# No hub, no telemetry: a replica serves what it was given, on a machine that may be offline.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def vllm_kv_cache_gib(memory_bytes: int) -> int:
+    """VLLM_CPU_KVCACHE_SPACE (whole GiB, at least 1) for a CPU replica's memory request."""
+    if memory_bytes <= 0:
+        return 1
+    return max(1, int((memory_bytes - VLLM_CPU_BASE_BYTES) // GiB))
+
+
 def _vllm(req: LaunchRequest) -> LaunchPlan:
+    """vLLM's OpenAI server, started as a module of the engine env's interpreter (the
+    `vllm` console script of the vllm-cpu distribution fails at start). On GPUs:
+    tensor parallel over the granted GPUs; on CPU: bfloat16, eager mode (no warm-up
+    compile), a KV cache sized from the replica's memory request and no pinning of threads
+    to cores (`cpu_threads_bind` in engine_args: vLLM's VLLM_CPU_OMP_THREADS_BIND)."""
     args = dict(req.engine_args)
+    gpu = bool(req.gpu_ids)
     tp = args.pop("tensor_parallel_size", None) or max(1, len(req.gpu_ids))
+    dtype = args.pop("dtype", None) or ("auto" if gpu else "bfloat16")
+    kv_gib = args.pop("kv_cache_gib", None)
+    if gpu:
+        args.pop("cpu_threads_bind", None)
+    extra: dict[str, str] = dict(OFFLINE_ENV)
     argv = [
-        "vllm",
-        "serve",
+        req.python,
+        "-m",
+        VLLM_MODULE,
+        "--model",
         req.model,
+        "--served-model-name",
+        req.name,
         "--host",
         req.host,
         "--port",
         str(req.port),
-        "--tensor-parallel-size",
-        str(tp),
-        "--served-model-name",
-        req.name,
-        *flags(args),
+        "--dtype",
+        str(dtype),
     ]
-    return _plan(req, "vllm", argv, ReadyCheck("/v1/models", contains=req.name))
+    if "max_model_len" in args:
+        argv += ["--max-model-len", str(args.pop("max_model_len"))]
+    if gpu:
+        argv += ["--tensor-parallel-size", str(tp)]
+    else:
+        extra["VLLM_CPU_KVCACHE_SPACE"] = str(kv_gib or vllm_kv_cache_gib(req.memory))
+        # vLLM's "auto" binding pins every replica of a node to the same cores (it cannot
+        # know its neighbours): leave placement to the OS, threads to OMP_NUM_THREADS.
+        extra["VLLM_CPU_OMP_THREADS_BIND"] = str(args.pop("cpu_threads_bind", None) or "nobind")
+        if "enforce_eager" not in args:
+            argv.append("--enforce-eager")
+    argv += flags(args)
+    return _plan(
+        req,
+        "vllm",
+        argv,
+        ReadyCheck("/v1/models", contains=req.name),
+        env=_env(req, **extra),
+    )
 
 
 def _tgi(req: LaunchRequest) -> LaunchPlan:
@@ -244,6 +299,7 @@ def build_launch(
     served_model_name: str | None = None,
     python: str = "python3",
     base_env: Mapping[str, str] | None = None,
+    memory: int = 0,
 ) -> LaunchPlan:
     """The launch plan of one replica of `engine` serving `model` on `host:port`."""
     adapter = ADAPTERS.get(engine)
@@ -262,5 +318,6 @@ def build_launch(
             served_model_name=served_model_name,
             python=python,
             base_env=dict(base_env or {}),
+            memory=int(memory),
         )
     )

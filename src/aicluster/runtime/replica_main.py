@@ -26,6 +26,7 @@ import time
 import httpx
 
 from aicluster.runtime.adapters import CommandStep, HttpStep, LaunchPlan, build_launch
+from aicluster.runtime.envs import PYTHON_ENV
 from aicluster.runtime.replica_auth import SECRET_ENV, AuthProxy, listen
 from aicluster.specs.service import ServiceSpec
 
@@ -43,9 +44,20 @@ def plan_for(spec: ServiceSpec, env: dict[str, str]) -> LaunchPlan:
         gpu_ids=gpus,
         engine_args=spec.engine_args,
         served_model_name=spec.name,
-        python=sys.executable,
+        python=engine_python(spec, env),
         base_env=env,
+        memory=int(spec.resources.memory),
     )
+
+
+def engine_python(spec: ServiceSpec, env: dict[str, str]) -> str:
+    """The engine's interpreter: its declarative env's (found or built on this node by
+    runtime.envs before this process started), a venv given by path, else ours."""
+    if env.get(PYTHON_ENV):
+        return env[PYTHON_ENV]
+    if isinstance(spec.engine_env, str):
+        return os.path.join(spec.engine_env, "bin", "python")
+    return sys.executable
 
 
 def _wait_healthy(base: str, path: str, proc: subprocess.Popen, timeout: float) -> None:

