@@ -2,6 +2,7 @@
 
 Run:  .venv/bin/python bench/scheduler.py                (everything, a few minutes on 2 cores)
       .venv/bin/python bench/scheduler.py --philly-jobs 5000 --cycle-gangs 2000   (quick look)
+      .venv/bin/python bench/scheduler.py --layout owned --policies fifo,fair   (owned pools)
 
 Prints:
 1. Tiresias' 60_job.csv on its 16 x 4-GPU spec and on a contended 2 x 4-GPU cluster (one
@@ -9,7 +10,10 @@ Prints:
    there); ratios against `fifo`.
 2. philly.csv, jobs submitted 2017-10-01 .. 2017-11-30 by the 11 VCs of philly_vc.csv
    (the 4 tiny VCs dropped), each VC a team guaranteed 1/4 of its nodes (8 GPUs each:
-   88 nodes, 704 GPUs, racks of 16), one cohort, no borrowing limit. All baselines in one
+   88 nodes, 704 GPUs, racks of 16), one cohort, no borrowing limit. `--layout shared`
+   (default): the guarantees are GPU counts in one pool; `--layout owned`: each team owns
+   its nodes as a pool of its own, lending idle ones (sim.cluster.owned_cluster), and the
+   ratios are against partitioned `fifo` when `fifo-wc` is not run (`--policies`). All baselines in one
    run, ratios against `fifo-wc` (issue 17):
    - `fifo`: partitioned, each team FCFS within its guarantee, no borrowing;
    - `fifo-wc`: work-conserving FIFO, one FCFS queue over the same nodes with no quotas
@@ -68,6 +72,7 @@ from aicluster.sim import (
     load_60_job,
     load_philly,
     load_philly_vcs,
+    owned_cluster,
     shared_cluster,
     simulate,
     summarise,
@@ -254,6 +259,18 @@ def main() -> None:
     ap.add_argument("--cycle-nodes", type=int, default=1000)
     ap.add_argument("--cycle-gangs", type=int, default=10000)
     ap.add_argument("--skip-philly", action="store_true")
+    ap.add_argument(
+        "--layout",
+        choices=("shared", "owned"),
+        default="shared",
+        help="philly: every team's guarantee in one shared pool, or each team owning its "
+        "nodes as a pool of its own (idle nodes lent to others, reclaimed by preemption)",
+    )
+    ap.add_argument(
+        "--policies",
+        default="",
+        help="philly: only these baselines, comma-separated (default: all)",
+    )
     args = ap.parse_args()
     console = Console(width=200)
     cfg = SimConfig(runtime_limit_factor=args.limit_factor)
@@ -274,17 +291,28 @@ def main() -> None:
         vcs = load_philly_vcs(args.traces / "philly_vc.csv")
         jobs = load_philly(args.traces / "philly.csv", set(vcs))
         jobs = jobs[: args.philly_jobs] if args.philly_jobs else jobs
-        cluster = team_cluster(vcs, args.scale)
+        layout = owned_cluster if args.layout == "owned" else team_cluster
+        cluster = layout(vcs, args.scale)
+        where = "each owning its nodes as a pool" if args.layout == "owned" else "one pool"
         title = (
             f"philly.csv Oct-Nov 2017: {len(jobs):,} jobs, {len(vcs)} teams at {args.scale:g} "
-            f"of their VC size ({cluster.gpus} GPUs), runtime limit = {args.limit_factor:g} x "
+            f"of their VC size ({cluster.gpus} GPUs, {where}), runtime limit = {args.limit_factor:g} x "
             f"duration (backfill-est: x U[1, {args.estimate_f:g}] per job, seed "
             f"{args.estimate_seed}), times in hours"
         )
         runs = baseline_runs(cluster, cfg, est, work_conserving=True)
+        if args.policies:
+            wanted = args.policies.split(",")
+            runs = [r for r in runs if r[0] in wanted]
         guarantees = {q.team: q.gpus for q in cluster.quotas}
         reports, times = run_policies(jobs, runs, guarantees)
-        console.print(policy_table(title, reports, times, base="fifo-wc"))
+        base = next(b for b in ("fifo-wc", "fifo", *reports) if b in reports)
+        console.print(policy_table(title, reports, times, base=base))
+        if "fair" in reports and "fifo" in reports:
+            console.print(
+                f"fair vs partitioned fifo ({args.layout} layout): avg JCT "
+                f"x{reports['fifo'].avg_jct / reports['fair'].avg_jct:.1f} better"
+            )
         console.print(share_table(reports))
         console.print(fairness_table(reports))
         console.print(

@@ -63,13 +63,62 @@ class QuotaBook:
                 memo["quota"] = (key, self._copy())
         else:
             self.__dict__.update(cached[1]._copy().__dict__)
-        for team, pool, held in _usage(snapshot):
-            self.charge(team, pool, held)
+        self._journal: tuple | None = None
+        self.applied: dict[tuple[str, str], Res] = {}
+        self._synced: tuple | None = None  # the snapshot.usage last synced (kept alive)
+        self.sync_usage(snapshot)
+
+    # -- across cycles (see `Cycle`: the book is kept and brought up to date) ---------
+
+    def sync_usage(self, snapshot: Snapshot) -> None:
+        """Make each account's usage what the snapshot says, touching only the accounts
+        whose usage changed since the last sync (the values are set, not accumulated, so
+        they are exactly those of a book built from the snapshot)."""
+        rows = snapshot.usage
+        if rows is not None and rows is self._synced:
+            return
+        self._synced = rows
+        usage: dict[tuple[str, str], Res] = {}
+        for team, pool, held in rows if rows is not None else _usage(snapshot):
+            key = (team, pool)
+            usage[key] = usage.get(key, Res()) + held
+        previous = self.applied
+        for key in previous.keys() - usage.keys():
+            self._set_used(self.account(*key), Res())
+        for key, held in usage.items():
+            if previous.get(key) != held:
+                self._set_used(self.account(*key), held)
+        self.applied = usage
+
+    def _set_used(self, a: _Account, used: Res) -> None:
+        self._move(a, Res(0.0, 0, used.gpus - a.used.gpus))  # GPU totals: integers, exact
+        a.used = used
+
+    def begin(self) -> None:
+        """Start a cycle's tentative charges: `rollback` undoes every one of them."""
+        self._journal = (
+            {},
+            len(self.accounts),
+            {k: dict(getattr(self, k)) for k in _TOTALS},
+        )
+
+    def rollback(self) -> None:
+        """Undo every charge and refund since `begin` (values restored, not recomputed)."""
+        if self._journal is None:
+            return
+        touched, n_accounts, totals = self._journal
+        self._journal = None
+        for a, used in touched.values():
+            a.used = used
+        for key in list(self.accounts)[n_accounts:]:  # opened during the cycle
+            del self.accounts[key]
+        self.__dict__.update(totals)
 
     def _copy(self) -> QuotaBook:
-        """A copy of the book (accounts copied, not shared)."""
+        """A copy of the book as built (accounts copied, not shared)."""
         other = object.__new__(QuotaBook)
-        other.__dict__.update({k: dict(v) for k, v in self.__dict__.items()})
+        other.__dict__.update({k: dict(getattr(self, k)) for k in (*_TOTALS, "unassigned")})
+        other.team_cohort = dict(self.team_cohort)
         other.accounts = {k: copy(a) for k, a in self.accounts.items()}
         return other
 
@@ -209,6 +258,10 @@ class QuotaBook:
         self._move(self.account(team, pool), Res() - need)
 
     def _move(self, a: _Account, delta: Res) -> None:
+        if self._journal is not None:
+            touched = self._journal[0]
+            if (a.team, a.pool) not in touched:
+                touched[(a.team, a.pool)] = (a, a.used)
         key = (a.cohort, a.pool)
         before = a.used.gpus
         after = before + delta.gpus
@@ -223,6 +276,10 @@ class QuotaBook:
         a.used = a.used + delta
         if not a.has_quota:
             self.shared_used[a.pool] = self.shared_used.get(a.pool, 0.0) + delta.gpus
+
+
+# the totals a charge changes (or an account opened during a cycle adds to)
+_TOTALS = ("borrowed", "lendable", "team_borrowed", "cohort_gpus", "shared_used")
 
 
 def _usage(snapshot: Snapshot) -> list[tuple[str, str, Res]]:

@@ -88,20 +88,22 @@ class Layout:
             self.pools[n.pool] = (ids, cap + n.capacity, max(top, n.capacity.gpus))
 
     @staticmethod
-    def shape(nodes: Iterable[NodeView]) -> tuple:
-        return tuple(
-            (
-                n.node_id,
-                n.name,
-                n.capacity,
-                n.pool,
-                n.gpu_model,
-                n.rack,
-                n.nvlink_domain,
-            )
-            for n in nodes
-            if n.schedulable
+    def node_shape(n: NodeView) -> tuple:
+        """Everything about a node but what is allocated on it."""
+        return (
+            n.node_id,
+            n.name,
+            n.capacity,
+            n.pool,
+            n.gpu_model,
+            n.rack,
+            n.nvlink_domain,
+            n.schedulable,
         )
+
+    @staticmethod
+    def shape(nodes: Iterable[NodeView]) -> tuple:
+        return tuple(Layout.node_shape(n) for n in nodes if n.schedulable)
 
 
 class FreeIndex:
@@ -121,6 +123,7 @@ class FreeIndex:
         self.ids = lay.ids
         self.free = _FreeMap(self.node, empty)
         self.held: set[str] = set()
+        self.journal: dict[str, Res] | None = None  # see `begin`
         self.pools: dict[str, _Pool] = {}
         node = self.node
         for name, (ids, cap, top) in lay.pools.items():
@@ -136,6 +139,44 @@ class FreeIndex:
                 else:
                     bucket.append(self.rank[node_id])
                 p.free_gpus += g
+
+    # -- across cycles ----------------------------------------------------------
+
+    def sync(self, nodes: tuple[NodeView, ...], previous: tuple[NodeView, ...]) -> bool:
+        """Bring the index from `previous` to `nodes` (the same nodes in the same order,
+        only `allocated` may differ), touching only the nodes that changed; False (and
+        nothing changed) when they differ in anything else: build a new index then."""
+        if nodes is previous:
+            return True
+        if len(nodes) != len(previous):
+            return False
+        changed = []
+        for new, old in zip(nodes, previous):
+            if new is old:
+                continue
+            if Layout.node_shape(new) != Layout.node_shape(old):
+                return False
+            if new.allocated != old.allocated:
+                changed.append(new)
+        for n in changed:
+            if n.node_id in self.node:
+                self.free[n.node_id]  # computed from the old view (if not yet) before it goes
+                self.node[n.node_id] = n
+                self._set(n.node_id, n.capacity - n.allocated)
+            # an unschedulable node is in no pool: nothing to update
+        return True
+
+    def begin(self) -> None:
+        """Start recording: every change until `rollback` is undone by it."""
+        self.journal = {}
+
+    def rollback(self) -> None:
+        """Undo every `take`, `release` and `hold` since `begin`: the free capacity is
+        again exactly what it was (the same Res values, the same buckets)."""
+        journal, self.journal = self.journal or {}, None
+        self.held.clear()
+        for node_id, free in journal.items():
+            self._set(node_id, free)
 
     # -- bookkeeping ------------------------------------------------------------
 
@@ -179,7 +220,10 @@ class FreeIndex:
 
     def _set(self, node_id: str, free: Res) -> None:
         p = self.pools[self.node[node_id].pool]
-        old, new = max(0, self.free[node_id].gpus), max(0, free.gpus)
+        before = self.free[node_id]
+        if self.journal is not None and node_id not in self.journal:
+            self.journal[node_id] = before
+        old, new = max(0, before.gpus), max(0, free.gpus)
         self.free[node_id] = free
         if old != new:
             rank = self.rank[node_id]

@@ -4,7 +4,13 @@ from aicluster.sim import load_philly, team_cluster, simulate, summarise
 report = summarise(simulate(jobs, cluster, policy="fair"))
 """
 
-from aicluster.sim.cluster import SimCluster, build_nodes, shared_cluster, team_cluster
+from aicluster.sim.cluster import (
+    SimCluster,
+    build_nodes,
+    owned_cluster,
+    shared_cluster,
+    team_cluster,
+)
 from aicluster.sim.replay import SimConfig, SimResult, simulate
 from aicluster.sim.report import Report, percentile, summarise
 from aicluster.sim.traces import (
@@ -27,6 +33,7 @@ __all__ = [
     "load_60_job",
     "load_philly",
     "load_philly_vcs",
+    "owned_cluster",
     "percentile",
     "shared_cluster",
     "simulate",

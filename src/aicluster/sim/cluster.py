@@ -1,4 +1,14 @@
-"""Simulated clusters: nodes in racks of one pool, and team quotas.
+"""Simulated clusters: nodes in racks, and team quotas, in one of two layouts.
+
+- *shared* (`team_cluster`): every node in one pool "default"; each team is guaranteed a
+  number of GPUs in it (a quota), not particular nodes.
+- *owned* (`owned_cluster`): each team owns its nodes, a pool of its own named after the
+  team, with its whole pool as its guarantee (how Philly's virtual clusters and most
+  on-premise clusters work). Nothing stops other teams from using an owner's idle nodes:
+  under the quota book's rules they borrow them (a team without quota in a pool may
+  borrow its owner's unused guarantee), and a policy that reclaims (`fair`) preempts them
+  when the owner needs its nodes back; a partitioned policy (`fifo`) keeps each team on
+  its own pool. A gang never spans pools.
 
 Invariant: node ids and names are "n0000", "n0001", ... in rack order, so that runs are
 reproducible and node names sort in placement tie-break order.
@@ -32,8 +42,10 @@ def build_nodes(
     cpus: float = 64.0,
     memory: int = 512 * GiB,
     gpu_model: str | None = None,
+    start: int = 0,
 ) -> tuple[NodeView, ...]:
-    """`count` identical nodes, `nodes_per_rack` to a rack (each node its own NVLink domain)."""
+    """`count` identical nodes, `nodes_per_rack` to a rack (each node its own NVLink
+    domain), numbered from `start`."""
     return tuple(
         NodeView(
             node_id=f"n{i:04d}",
@@ -43,7 +55,7 @@ def build_nodes(
             gpu_model=gpu_model,
             rack=f"r{i // nodes_per_rack:03d}",
         )
-        for i in range(count)
+        for i in range(start, start + count)
     )
 
 
@@ -64,6 +76,27 @@ def team_cluster(
         for t, n in sizes.items()
     )
     return SimCluster(nodes, quotas)
+
+
+def owned_cluster(
+    team_nodes: dict[str, int],
+    scale: float = 1.0,
+    gpus_per_node: int = 8,
+    nodes_per_rack: int = 16,
+    borrow_gpus: int | None = None,
+) -> SimCluster:
+    """Each team owns its node count x `scale` (at least one node) as a pool named after
+    it, guaranteed all of it; nodes numbered team by team (teams in name order), so the
+    cluster has exactly the nodes of `team_cluster` with the same arguments."""
+    sizes = {t: max(1, math.floor(n * scale + 0.5)) for t, n in sorted(team_nodes.items())}
+    nodes: list[NodeView] = []
+    for team, n in sizes.items():
+        nodes.extend(build_nodes(n, gpus_per_node, nodes_per_rack, pool=team, start=len(nodes)))
+    quotas = tuple(
+        Quota(team=t, pool=t, gpus=n * gpus_per_node, borrow_gpus=borrow_gpus)
+        for t, n in sizes.items()
+    )
+    return SimCluster(tuple(nodes), quotas)
 
 
 def shared_cluster(nodes: int, gpus_per_node: int = 8, nodes_per_rack: int = 16) -> SimCluster:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from aicluster.core.model import Decision, Snapshot, WaitKind
 from aicluster.core.policies.base import Cycle
-from aicluster.core.policies.las import RankedPreemptor, shared_rule, try_admit
+from aicluster.core.policies.las import RankedPreemptor, once, shared_rule, try_admit
 from aicluster.core.policies.preemption import preemption_shape
 
 Remaining = Callable[[str, float], float]
@@ -54,11 +54,18 @@ class SrtfOracle:
             ((-g.priority, left(g.workload_id, clock), g.submitted_at, g.workload_id), g)
             for g in snapshot.pending
         )
-        # running gangs, longest remaining (the first victims) first
-        running = sorted(
-            ((r.gang.priority, -left(r.workload_id, clock), -r.gang.submitted_at, r.workload_id), r)
-            for r in snapshot.running
-            if r.gang.preemptible and r.started_at < clock  # see `RankedPreemptor`
+        # running gangs, longest remaining (the first victims) first; sorted only when a
+        # gang first tries to preempt
+        running = once(
+            lambda: sorted(
+                (
+                    (r.gang.priority, -left(r.workload_id, clock), -r.gang.submitted_at),
+                    r.workload_id,
+                    r,
+                )
+                for r in snapshot.running
+                if r.gang.preemptible and r.started_at < clock  # see `RankedPreemptor`
+            )
         )
         failed: dict[tuple, float] = {}  # shape -> shortest remaining that found no victims
         refused: dict = {}
@@ -76,7 +83,9 @@ class SrtfOracle:
                     if pool not in c.index.pools or mine >= failed.get(shape, float("inf")):
                         continue
                     victims = [
-                        r for (prio, neg, _, _), r in running if prio <= g.priority and -neg > mine
+                        r
+                        for (prio, neg, _), _, r in running()
+                        if prio <= g.priority and -neg > mine
                     ]
                     n = preemptor.preempt(
                         g,

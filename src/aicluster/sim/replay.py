@@ -36,12 +36,15 @@ from aicluster.core.model import (
     RunningWorkload,
     Snapshot,
     Wait,
+    WaitKind,
 )
 from aicluster.core.policies.base import Policy
 from aicluster.core.scheduler import get_policy
 from aicluster.sim.cluster import SimCluster
 from aicluster.sim.estimates import estimate_factor
 from aicluster.sim.traces import TraceJob
+
+NEVER_FITS = WaitKind.NEVER_FITS
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class _Sim:
         self.records = [JobRecord(j, self._gang(j), j.duration) for j in jobs]
         self.views = {n.node_id: n for n in cluster.nodes}
         self.running: dict[str, tuple[RunningWorkload, int]] = {}
+        self.runs: dict[str, RunningWorkload] = {}  # the same, in the same order
         self.index = {r.job.job_id: i for i, r in enumerate(self.records)}
         self.queues: dict[str, list[tuple]] = {}
         self.usage: dict[tuple[str, str], Res] = {}
@@ -100,6 +104,10 @@ class _Sim:
         self.team_gpus: Counter = Counter()  # GPUs each team holds now
         self.queued: dict[str, list[float]] = {}  # team -> [seconds queued, GPU-s held then]
         self.cycles = 0
+        # the snapshot's parts, kept until what they show changes (a cycle after an
+        # arrival alone reuses the nodes, running and usage of the one before)
+        self.parts: dict[str, tuple] = {}
+        self.visible: dict[str, tuple[GangRequest, ...]] = {}  # team -> its visible gangs
 
     def _gang(self, j: TraceJob) -> GangRequest:
         workers, per = j.shape(self.node_gpus)
@@ -135,6 +143,7 @@ class _Sim:
 
     def enqueue(self, i: int) -> None:
         g = self.records[i].gang
+        self.visible.pop(g.team, None)
         insort(
             self.queues.setdefault(g.team, []),
             (-g.priority, g.submitted_at, g.workload_id, i),
@@ -142,6 +151,7 @@ class _Sim:
 
     def dequeue(self, i: int) -> None:
         g = self.records[i].gang
+        self.visible.pop(g.team, None)
         q = self.queues[g.team]
         key = (-g.priority, g.submitted_at, g.workload_id, i)
         at = bisect_left(q, key)
@@ -149,12 +159,18 @@ class _Sim:
         del q[at]
 
     def pending(self) -> tuple[GangRequest, ...]:
-        d = self.cfg.queue_depth
-        return tuple(self.records[e[3]].gang for q in self.queues.values() for e in q[:d])
+        d, out = self.cfg.queue_depth, []
+        for team, q in self.queues.items():
+            seen = self.visible.get(team)
+            if seen is None:
+                seen = self.visible[team] = tuple(self.records[e[3]].gang for e in q[:d])
+            out.extend(seen)
+        return tuple(out)
 
     # -- capacity -------------------------------------------------------------------
 
     def _hold(self, run: RunningWorkload, sign: int) -> None:
+        self.parts.clear()
         per = run.gang.per_worker
         for node_id, k in Counter(run.placement).items():
             v = self.views[node_id]
@@ -170,12 +186,19 @@ class _Sim:
         )
 
     def snapshot(self) -> Snapshot:
+        parts = self.parts
+        if not parts:
+            parts["nodes"] = tuple(self.views.values())
+            parts["running"] = tuple(self.runs.values())
+            parts["usage"] = tuple(
+                (t, p, r) for (t, p), r in self.usage.items() if r.gpus or r.cpus
+            )
         return Snapshot(
-            nodes=tuple(self.views.values()),
+            nodes=parts["nodes"],
             pending=self.pending(),
-            running=tuple(r for r, _ in self.running.values()),
+            running=parts["running"],
             quotas=self.cluster.quotas,
-            usage=tuple((t, p, r) for (t, p), r in self.usage.items() if r.gpus or r.cpus),
+            usage=parts["usage"],
         )
 
     # -- transitions ----------------------------------------------------------------
@@ -189,6 +212,7 @@ class _Sim:
         )
         self._hold(run, +1)
         self.running[rec.gang.workload_id] = (run, i)
+        self.runs[rec.gang.workload_id] = run
         if rec.first_start is None:
             rec.first_start = now
         end = now + rec.remaining + (self.cfg.restore_s if rec.resume else 0.0)
@@ -197,6 +221,7 @@ class _Sim:
     def stop(self, i: int, now: float) -> RunningWorkload:
         rec = self.records[i]
         run, _ = self.running.pop(rec.gang.workload_id)
+        del self.runs[rec.gang.workload_id]
         self._hold(run, -1)
         rec.version += 1
         self.gpu_s[rec.job.team] += (now - run.started_at) * run.gang.total.gpus
@@ -228,7 +253,7 @@ class _Sim:
         for d in self.policy.plan(self.snapshot(), now):
             kind = type(d)
             if kind is Wait:
-                if d.never_fits:
+                if d.kind is NEVER_FITS:
                     i = self.index[d.workload_id]
                     self.records[i].rejected = d.reason
                     self.dequeue(i)
@@ -241,8 +266,11 @@ class _Sim:
         return preempted, admitted
 
     def plan(self, now: float) -> None:
-        """Cycles at `now` until one changes nothing more: after a preemption (at most 4
-        in a row), or while admissions let gangs beyond the queue depth come into view."""
+        """Cycles at `now` until one changes nothing more: after a preemption, or while
+        admissions let gangs beyond the queue depth come into view. At most 4 cycles that
+        preempt at one instant: a policy that preempts what it admitted a cycle before
+        (and admits what it preempted) would otherwise spin there forever; time moves on
+        to the next event instead."""
         preemptions = 0
         while True:
             truncated = self.truncated()
@@ -251,6 +279,7 @@ class _Sim:
                 preemptions += 1
                 if preemptions < 4:
                     continue
+                return
             if not (admitted and truncated and any(self.queues.values())):
                 return
 

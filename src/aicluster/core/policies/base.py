@@ -7,6 +7,14 @@ applies; admission, waiting and never-fits detection are the same for all of the
 Invariants (kept by `admit`): every pending gang gets exactly one Admit or Wait; an
 Admit's placement fits the free capacity left by the admits before it; its quota was
 checked by the policy before `admit` charges it.
+
+Kept across cycles (in the policy's memo, `_Kept`), so that a cycle's cost grows with
+what changed rather than with the cluster: the free-capacity index and the quota book of
+the last snapshot, brought up to date node by node and account by account, and answers
+that depend only on the nodes' shape and the quotas. A cycle decides on them (its
+tentative changes journaled) and `decisions()` undoes those changes before it returns:
+decide on the snapshot first, apply after. A decision depends only on the snapshot and
+the clock, never on which snapshots came before (tests/unit/test_sim_speed_invariance).
 """
 
 from __future__ import annotations
@@ -52,25 +60,74 @@ def arrival_key(g: GangRequest) -> tuple:
     return (-g.priority, g.submitted_at, g.workload_id)
 
 
+class _Kept:
+    """What a policy keeps across cycles (in its memo): the free-capacity index and the
+    quota book as of the last snapshot, with the layout they were built on. A cycle
+    brings them up to date with its snapshot (only what changed), makes its tentative
+    changes, and undoes those when it hands out its decisions; `busy` while a cycle owns
+    them (a cycle that raised leaves them busy: the next one builds new ones)."""
+
+    def __init__(self, nodes, quotas, layout, index: FreeIndex, book: QuotaBook) -> None:
+        self.nodes, self.quotas, self.layout = nodes, quotas, layout
+        self.index, self.book = index, book
+        self.busy = False
+        # answers that depend only on the nodes' shape and the quotas (`Cycle.static`)
+        self.static: dict = {}
+        # the last snapshot's running workloads, grouped (while the same tuple comes again)
+        self.running: tuple | None = None
+        self.groups: tuple[dict, dict] = ({}, {})
+
+
 class Cycle:
-    """Scratch state of one cycle over one snapshot (never shared between cycles)."""
+    """Scratch state of one cycle over one snapshot. The free-capacity index and quota
+    book it changes are kept across cycles (`_Kept`) and restored by `decisions()`:
+    a decision never depends on an earlier cycle, only on this snapshot."""
 
     def __init__(self, snapshot: Snapshot, clock: float, memo: dict | None = None) -> None:
         self.snapshot = snapshot
         self.clock = clock
         self.memo = memo if memo is not None else {}
-        self.layout = self._layout()
-        self.index = FreeIndex(snapshot.nodes, layout=self.layout)
-        self._pools: dict[tuple[str, str | None], list[str]] = {}
-        self._running: dict[str, list[RunningWorkload]] | None = None
-        self._by_team: dict[tuple[str, str], list[RunningWorkload]] | None = None
         self.scratch: dict = {}  # per-cycle memos of the policies
-        self.pool_names = sorted(self.index.pools)
-        pool_gpus = {p: self.index.pools[p].capacity.gpus for p in self.pool_names}
-        self.book = QuotaBook(snapshot, pool_gpus, self.memo)
+        self._kept = kept = self._keep()
+        self.layout, self.index, self.book = kept.layout, kept.index, kept.book
+        # memos of answers that depend only on the nodes' shape and the quotas, kept
+        # across cycles while both stay the same (never on usage, free room or clock)
+        self.static = kept.static
+        self._pools: dict[tuple[str, str | None], list[str]] = kept.static.setdefault("pools", {})
+        names = kept.static.get("pool_names")
+        if names is None:
+            names = kept.static["pool_names"] = sorted(self.index.pools)
+        self.pool_names = names
         self.preempts: list[Preempt] = []
         self.decided: list[Decision] = []
         self.reserved_pools: set[str] = set()
+
+    def _keep(self) -> _Kept:
+        """The kept index and book, brought up to date with the snapshot (or built anew
+        when the nodes' shape or the quotas changed), now recording changes to undo."""
+        snap = self.snapshot
+        kept = self.memo.get("kept")
+        if kept is None or kept.busy or not kept.index.sync(snap.nodes, kept.nodes):
+            layout = self._layout()
+            index = FreeIndex(snap.nodes, layout=layout)
+            kept = _Kept(snap.nodes, snap.quotas, layout, index, self._book(index))
+            self.memo["kept"] = kept
+        else:
+            self._layout_cached()
+            kept.nodes = snap.nodes
+            if kept.quotas != snap.quotas:
+                kept.quotas, kept.book = snap.quotas, self._book(kept.index)
+                kept.static = {}
+            else:
+                kept.book.sync_usage(snap)
+        kept.busy = True
+        kept.index.begin()
+        kept.book.begin()
+        return kept
+
+    def _book(self, index: FreeIndex) -> QuotaBook:
+        pool_gpus = {p: index.pools[p].capacity.gpus for p in sorted(index.pools)}
+        return QuotaBook(self.snapshot, pool_gpus, self.memo)
 
     # -- questions ----------------------------------------------------------------
 
@@ -109,6 +166,11 @@ class Cycle:
         if cached is None or cached[0] != shape:
             cached = (shape, Layout(self.snapshot.nodes), [None], {})
             self.memo["layout"] = cached
+        return self._layout_cached()
+
+    def _layout_cached(self) -> Layout:
+        """The memo's layout, known to match the snapshot's nodes."""
+        cached = self.memo["layout"]
         self._empty_slot = cached[2]
         self._never: dict[tuple, str | None] = cached[3]  # depends on the shape only
         return cached[1]
@@ -118,21 +180,31 @@ class Cycle:
             self._empty_slot[0] = FreeIndex(self.snapshot.nodes, empty=True, layout=self.layout)
         return self._empty_slot[0]
 
+    def _kept_groups(self) -> tuple[dict, dict]:
+        """Per-cycle groupings of the snapshot's running workloads, kept across cycles
+        while the same running tuple comes again (a cycle after an arrival alone)."""
+        kept = self._kept
+        if kept.running is not self.snapshot.running:
+            kept.running, kept.groups = self.snapshot.running, ({}, {})
+        return kept.groups
+
     def running_of(self, team: str, pool: str) -> list[RunningWorkload]:
-        """The snapshot's running workloads of `team` in `pool` (grouped on first use)."""
-        if self._by_team is None:
-            self._by_team = {}
-            for r in self.snapshot.running:
-                self._by_team.setdefault((r.gang.team, r.pool), []).append(r)
-        return self._by_team.get((team, pool), [])
+        """The snapshot's running workloads of `team` in `pool` (do not change the list)."""
+        by_team = self._kept_groups()[1]
+        found = by_team.get((team, pool))
+        if found is None:
+            found = by_team[(team, pool)] = [
+                r for r in self.snapshot.running if r.pool == pool and r.gang.team == team
+            ]
+        return found
 
     def running_in(self, pool: str) -> list[RunningWorkload]:
-        """The snapshot's running workloads charged to `pool` (grouped on first use)."""
-        if self._running is None:
-            self._running = {}
-            for r in self.snapshot.running:
-                self._running.setdefault(r.pool, []).append(r)
-        return self._running.get(pool, [])
+        """The snapshot's running workloads charged to `pool` (do not change the list)."""
+        by_pool = self._kept_groups()[0]
+        found = by_pool.get(pool)
+        if found is None:
+            found = by_pool[pool] = [r for r in self.snapshot.running if r.pool == pool]
+        return found
 
     # -- decisions ----------------------------------------------------------------
 
@@ -172,5 +244,11 @@ class Cycle:
         self.wait(g, reason, WaitKind.NEVER_FITS)
 
     def decisions(self) -> list[Decision]:
-        """Preemptions first (the mechanism stops them before anything else), then the rest."""
+        """Preemptions first (the mechanism stops them before anything else), then the rest.
+        Ends the cycle: its tentative changes to the kept index and book are undone."""
+        kept = self._kept
+        if kept.busy:
+            kept.index.rollback()
+            kept.book.rollback()
+            kept.busy = False
         return [*self.preempts, *self.decided]

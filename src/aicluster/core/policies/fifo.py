@@ -19,23 +19,27 @@ from aicluster.core.policies.base import Cycle, arrival_key
 
 def partition_of(c: Cycle, g: GangRequest) -> tuple[str, str | None]:
     """(team, pool) for a team with a quota in the gang's pools, else (shared, pool)."""
-    has = any(c.book.has_quota(g.team, p) for p in c.pools_for(g))
-    return (g.team if has else "<shared>", g.pool)
+    key = ("partition_of", g.team, g.pool)
+    part = c.static.get(key)
+    if part is None:
+        has = any(c.book.has_quota(g.team, p) for p in c.pools_for(g))
+        part = c.static[key] = (g.team if has else "<shared>", g.pool)
+    return part
 
 
 def partition_never_fits(c: Cycle, g: GangRequest) -> str | None:
     """Why the gang exceeds its partition in every pool it may use, or None."""
     key = ("partition", g.team, g.pool, g.total.gpus)
-    if key not in c.scratch:
+    if key not in c.static:
         sizes = {p: c.book.partition_size(g.team, p) for p in c.pools_for(g)}
-        c.scratch[key] = None
+        c.static[key] = None
         if sizes and all(g.total.gpus > size for size in sizes.values()):
             pool, size = max(sizes.items(), key=lambda kv: kv[1])
-            c.scratch[key] = (
+            c.static[key] = (
                 f"could never fit: needs {g.total.gpus} GPUs but team {g.team}'s partition "
                 f"in pool {pool} is {size:g} GPUs (no borrowing under this policy)"
             )
-    return c.scratch[key]
+    return c.static[key]
 
 
 def hold_for_starving(c: Cycle, g: GangRequest, starve_after_s: float) -> bool:
@@ -70,7 +74,7 @@ class FifoPolicy:
                 (g.team, g.pool), partition_of(c, g)
             )
             if part in blocked:
-                c.wait(g, f"queued behind {blocked[part]}", WaitKind.QUEUED_BEHIND)
+                c.wait(g, blocked[part], WaitKind.QUEUED_BEHIND)
                 continue
             refusal = c.try_admit(g, rule)
             if refusal is None:
@@ -79,7 +83,7 @@ class FifoPolicy:
             if never:
                 c.never(g, never)
             else:
-                blocked[part] = g.workload_id
+                blocked[part] = f"queued behind {g.workload_id}"
                 reason = refusal.reason
                 if refusal.room and hold_for_starving(c, g, self.starve_after_s):
                     reason += "; nodes are held for it"

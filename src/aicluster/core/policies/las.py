@@ -110,6 +110,18 @@ class RankedPreemptor:
         self.c.book.charge(r.gang.team, r.pool, r.gang.total)
 
 
+def once(make: Callable[[], list]) -> Callable[[], list]:
+    """`make()` computed on the first call only (a cycle's list that it may never need)."""
+    made: list[list] = []
+
+    def get() -> list:
+        if not made:
+            made.append(make())
+        return made[0]
+
+    return get
+
+
 def try_admit(c: Cycle, g: GangRequest, rule: QuotaRule, refused: dict) -> Refusal | None:
     """`Cycle.try_admit`, but a gang of the same team and shape as one already refused
     this cycle is refused at once (free room and quota only shrink within a cycle)."""
@@ -169,21 +181,24 @@ class LasPolicy:
             (-g.priority, self.pending_queue(g, clock), g.submitted_at, g.workload_id, g)
             for g in snapshot.pending
         )
-        # running gangs, the lowest-ranked (the first victims) first
-        running = sorted(
-            (
+        # running gangs, the lowest-ranked (the first victims) first; sorted only when a
+        # gang first tries to preempt (most cycles never do)
+        running = once(
+            lambda: sorted(
                 (
-                    r.gang.priority,
-                    -self.running_queue(r, clock),
-                    r.work_lost(clock),
-                    -r.gang.submitted_at,
-                    r.workload_id,
-                    r,
-                )
-                for r in snapshot.running
-                if r.gang.preemptible and r.started_at < clock  # see `RankedPreemptor`
-            ),
-            key=lambda e: e[:5],
+                    (
+                        r.gang.priority,
+                        -self.running_queue(r, clock),
+                        r.work_lost(clock),
+                        -r.gang.submitted_at,
+                        r.workload_id,
+                        r,
+                    )
+                    for r in snapshot.running
+                    if r.gang.preemptible and r.started_at < clock  # see `RankedPreemptor`
+                ),
+                key=lambda e: e[:5],
+            )
         )
         failed: set[tuple] = set()
         held = False
@@ -229,7 +244,7 @@ class LasPolicy:
             shape = preemption_shape(g, pool, rank)
             if pool not in c.index.pools or shape in failed:
                 continue
-            victims = [e[-1] for e in running if e[:2] < rank]
+            victims = [e[-1] for e in running() if e[:2] < rank]
             n = preemptor.preempt(
                 g,
                 pool,
