@@ -231,12 +231,27 @@ def _build(spec: dict, base: str, tmp: Path, final: Path, log: Log) -> None:
         os.umask(old)
 
 
+_PASSED = frozenset(
+    {"PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR"}
+    | {"SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE"}
+)
+
+
+def _pip_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What pip is given of the caller's environment: an allow-list (where to find things,
+    pip's own settings, proxies and certificates), never the rest (tokens, credentials, a
+    PYTHONPATH or VIRTUAL_ENV that would point pip at another interpreter's packages)."""
+    return {
+        k: v
+        for k, v in environ.items()
+        if k in _PASSED or k.startswith("PIP_") or k.lower().endswith("_proxy")
+    }
+
+
 def _run(argv: list[str], what: str, log: Log) -> None:
     """Run one step, its output line by line to `log`; its last lines go in the error."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("PYTHONPATH", None)
-    env.pop("VIRTUAL_ENV", None)
+    env = dict(_pip_environment(os.environ), PYTHONUNBUFFERED="1")
     try:
         proc = subprocess.Popen(
             argv,
