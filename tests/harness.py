@@ -25,6 +25,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+AICLUSTER = [sys.executable, "-m", "aicluster.cli.main"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli_env(home: Path) -> dict:
+    """The environment of a user's shell for the installation at `home` (nothing of the
+    test session's own Ray or control plane)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AICLUSTER_"))}
+    env["AICLUSTER_HOME"] = str(home)
+    return env
+
+
+def run_cli(home: Path, *args: str, check: bool = True, timeout: float = 240):
+    """`aicluster ARGS` as a user runs it, for the installation at `home`."""
+    proc = subprocess.run(
+        AICLUSTER + list(args),
+        env=cli_env(home),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"aicluster {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
 def wait_for(cond, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
     deadline = time.time() + timeout
     while time.time() < deadline:

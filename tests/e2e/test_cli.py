@@ -20,31 +20,7 @@ from aicluster.engine.rayenv import ray_temp_dir
 from aicluster.engine.raynode import installation_processes
 
 from harness import free_port, wait_for
-
-ROOT = Path(__file__).resolve().parents[2]
-AICLUSTER = [sys.executable, "-m", "aicluster.cli.main"]
-
-
-def cli_env(home: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AICLUSTER_"))}
-    env["AICLUSTER_HOME"] = str(home)
-    return env
-
-
-def run(home: Path, *args: str, check: bool = True, timeout: float = 240):
-    proc = subprocess.run(
-        AICLUSTER + list(args),
-        env=cli_env(home),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"aicluster {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-        )
-    return proc
+from harness import run_cli as run
 
 
 @pytest.fixture(scope="module")

@@ -208,6 +208,17 @@ def up(
             "remembered for later starts (AICLUSTER_HOME/state.json)",
         ),
     ] = None,
+    ray_gcs_state: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-gcs-state",
+            help="where Ray keeps the cluster's state, so that a head lost and started again "
+            "(same address, within 60 s) gets its nodes and running work back: memory (Ray's "
+            "default: a new head starts an empty cluster), redis://HOST:PORT (an external "
+            "Redis) or rocksdb:/PATH (a folder on a volume that outlives the head); "
+            "remembered for later starts",
+        ),
+    ] = None,
     join_control_plane: Annotated[
         bool,
         typer.Option(
@@ -227,10 +238,16 @@ def up(
     if log_format not in ("text", "json"):
         err.print(f"[red]--log-format must be text or json, not {log_format!r}[/red]")
         raise typer.Exit(2)
+    from aicluster.engine.gcs_state import GcsStateError, describe, parse
     from aicluster.engine.protocol import MACHINE_LABEL
     from aicluster.engine.raynode import RayStartError, start_head
 
     labels = _node_labels(pool, label)  # checked before anything is written
+    try:
+        parse(ray_gcs_state)
+    except GcsStateError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
 
     home = home_dir()
     home.mkdir(parents=True, exist_ok=True)
@@ -249,8 +266,12 @@ def up(
         out.print(f"aicluster is already up: API {cp['url']}")
         return
     ray_address = state.get("ray_address")
+    gcs_state = ray_gcs_state if ray_gcs_state is not None else state.get("ray_gcs_state")
     if not ray_address or not _ray_alive(home):
         _clear_stale_work(home)
+        if gcs_state not in (None, "memory") and ray_address and not ray_port:
+            # Worker nodes reconnect to the address they knew: the head comes back there.
+            ray_port = int(ray_address.rsplit(":", 1)[1])
         try:
             ray_address = start_head(
                 home,
@@ -259,12 +280,14 @@ def up(
                 num_cpus=num_cpus,
                 num_gpus=num_gpus,
                 labels=labels,
+                gcs_state=gcs_state,
             )
         except RayStartError as exc:
             err.print(f"[red]{exc}[/red]")
             raise typer.Exit(1) from None
         _write_json(
-            home / "platform.json", {"role": "head", "ray_address": ray_address, "head": head}
+            home / "platform.json",
+            {"role": "head", "ray_address": ray_address, "head": head, "ray_gcs_state": gcs_state},
         )
     for path in shared_path or []:
         if not Path(path).is_dir():
@@ -286,7 +309,7 @@ def up(
     out.print(
         f"  admin token: {home / 'admin.token'}  (export AICLUSTER_TOKEN=$(cat {home / 'admin.token'}))"
     )
-    out.print(f"  Ray head:    {ray_address}")
+    out.print(f"  Ray head:    {ray_address}  (cluster state: {describe(gcs_state)})")
     from aicluster.runtime.sandbox import SANDBOX_WARNING, node_can_sandbox
 
     if not node_can_sandbox():

@@ -76,9 +76,12 @@ def _common_args(home: Path, node_ip: str, num_cpus, num_gpus, labels: dict[str,
     return args + _labels_arg(labels)
 
 
-def _run(cmd: list[str], home: Path, loopback: bool, log_name: str) -> None:
+def _run(
+    cmd: list[str], home: Path, loopback: bool, log_name: str, extra_env: dict | None = None
+) -> None:
     env = dict(os.environ)
     env.update(ray_env(home, loopback))
+    env.update(extra_env or {})
     log_path = home / log_name
     with open(log_path, "ab") as log:
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=180)
@@ -95,8 +98,13 @@ def start_head(
     num_cpus=None,
     num_gpus=None,
     labels: dict[str, str] | None = None,
+    gcs_state: str | None = None,
 ) -> str:
-    """Start this machine's Ray head; return its address host:port."""
+    """Start this machine's Ray head; return its address host:port. `gcs_state`: where
+    Ray keeps the cluster's state (engine.gcs_state; None: the head's memory)."""
+    from aicluster.engine.gcs_state import parse
+
+    gcs_env = parse(gcs_state)
     port = port or _free_port()
     cmd = [
         _ray_bin(),
@@ -107,7 +115,7 @@ def start_head(
         f"--system-config={json.dumps(NODE_DEATH_DETECTION)}",
     ]
     cmd += _common_args(home, node_ip, num_cpus, num_gpus, labels or {})
-    _run(cmd, home, node_ip.startswith("127."), "ray-start.log")
+    _run(cmd, home, node_ip.startswith("127."), "ray-start.log", gcs_env)
     return f"{node_ip}:{port}"
 
 
