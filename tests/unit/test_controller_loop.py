@@ -5,6 +5,7 @@ preemption by quota, garbage collection, cancellation and per-attempt job tokens
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 from types import SimpleNamespace
 
@@ -17,6 +18,7 @@ from aicluster.control.metrics import Metrics
 from aicluster.core.lifecycle import JobStatus, RequeueCause
 from aicluster.core.model import Quota, WaitKind
 from aicluster.engine.protocol import Engine
+from aicluster.runtime import envs
 from aicluster.specs.job import JobSpec
 from aicluster.store.identity import Principal
 from aicluster.store.quotas import QuotaStore
@@ -149,6 +151,65 @@ def test_workers_that_exit_0_end_the_job_succeeded_and_their_logs_are_kept(world
     assert world.logs.read(job_id, 1, 0) == b"epoch 1\ndone\n"
     assert world.logs.read(job_id, 1, 1) == b"done\n"
     assert (job_id, 1) in world.engine.stopped and not world.engine.running_gangs()
+
+
+ENV = {"pip": ["numpy==2.1.0"]}
+
+
+def test_a_jobs_environment_goes_to_its_workers_and_its_build_shows_as_its_message(world):
+    job_id = world.submit(workers=2, environment=ENV)
+    world.run(job_id)
+    env = world.engine.launched[-1].env
+    assert json.loads(env[envs.SPEC_ENV]) == {"pip": ["numpy==2.1.0"], "remove": []}
+    assert env[envs.ACTIVATE_ENV] == "1"
+    world.engine.write(job_id, 1, b"aicluster env: building env k1 (pip: numpy==2.1.0) in /e\n")
+    world.tick()
+    assert (
+        world.job(job_id).message
+        == "environment (rank 1): building env k1 (pip: numpy==2.1.0) in /e"
+    )
+    world.clock.advance(0.5)  # within the throttle: pip's next line changes nothing stored
+    world.engine.write(job_id, 1, b"aicluster env: building env k1: 3 packages collected\n")
+    world.tick()
+    assert world.job(job_id).message.endswith("in /e")
+    world.clock.advance(5)
+    world.engine.write(job_id, 1, b"aicluster env: building env k1: 9 packages collected\n")
+    world.tick()
+    assert (
+        world.job(job_id).message == "environment (rank 1): building env k1: 9 packages collected"
+    )
+    world.engine.write(job_id, 1, b"aicluster env: ready env k1 built in 12.0 s: /e/k1\nhello\n")
+    world.tick()
+    assert world.job(job_id).message == "environment (rank 1): ready env k1 built in 12.0 s: /e/k1"
+    events = [e for e in world.store.list_events(object_id=job_id) if e.type == "JobEnvironment"]
+    assert [e.reason for e in events] == ["building", "ready"]  # one per phase
+    world.engine.exit(job_id, 0)
+    world.tick()
+    assert world.job(job_id).status == JobStatus.SUCCEEDED
+
+
+def test_an_environment_that_cannot_be_built_fails_the_job_with_pips_words(world):
+    job_id = world.submit(environment=ENV, max_restarts=2)
+    world.run(job_id)
+    said = (
+        b"aicluster env: building env k2 (pip: numpy==2.1.0) in /e\n"
+        b"aicluster env: failed pip install failed (exit code 1):\n"
+        b"ERROR: No matching distribution found for numpy==2.1.0\n"
+    )
+    world.engine.exit(job_id, 3, log=said)
+    world.tick()
+    job = world.job(job_id)
+    assert (job.status, job.reason, job.restarts) == (JobStatus.FAILED, "environment_failed", 0)
+    assert job.message.startswith("rank 0: pip install failed (exit code 1)")
+    assert "No matching distribution found for numpy==2.1.0" in job.message
+
+
+def test_a_command_exiting_3_without_an_environment_is_its_own_exit_code(world):
+    job_id = world.submit()
+    world.run(job_id)
+    world.engine.exit(job_id, 3, log=b"aicluster env: failed not really\n")
+    world.tick()
+    assert world.job(job_id).reason == "exit_code"
 
 
 def test_a_worker_exiting_non_zero_fails_the_job_with_its_exit_code(world):

@@ -160,15 +160,36 @@ def pack_workdir(folder: str | Path, limit: int = MAX_WORKDIR_BYTES) -> bytes:
     return data
 
 
-def _line_of_working_dir(spec_path: Path) -> int | None:
+def _line_of(spec_path: Path, key: str) -> int | None:
+    """The first line of the spec file that sets `key` (None: not found)."""
     try:
         lines = spec_path.read_text(encoding="utf-8").splitlines()
     except OSError:
         return None
     for i, line in enumerate(lines, 1):
-        if re.match(r"\s*working_dir\s*:", line):
+        if re.match(rf"\s*{re.escape(key)}\s*:", line):
             return i
     return None
+
+
+def _with_requirements(spec, spec_path: Path) -> dict:
+    """The spec to send: a job environment's `requirements` file (beside the spec) read
+    here and sent as `pip` lines, since the server never reads the client's files."""
+    doc = spec.model_dump(mode="json")
+    env = doc.get("environment") if doc.get("kind") == "job" else None
+    if not env or not env.get("requirements"):
+        return doc
+    from aicluster.specs.environment import read_requirements
+
+    try:
+        lines = read_requirements(spec_path.parent / env["requirements"])
+    except ValueError as exc:
+        line = _line_of(spec_path, "requirements")
+        issue = SpecIssue("environment.requirements", str(exc), line)
+        raise SpecError(str(spec_path), [issue]) from None
+    env["pip"] = [*env["pip"], *lines]
+    env["requirements"] = None
+    return doc
 
 
 # --- the client ----------------------------------------------------------------
@@ -272,9 +293,9 @@ class Client:
             try:
                 workdir = pack_workdir(folder)
             except WorkdirError as exc:
-                issue = SpecIssue("working_dir", str(exc), _line_of_working_dir(spec_path))
+                issue = SpecIssue("working_dir", str(exc), _line_of(spec_path, "working_dir"))
                 raise SpecError(str(spec_path), [issue]) from None
-        return self.submit(spec.model_dump(mode="json"), workdir)
+        return self.submit(_with_requirements(spec, spec_path), workdir)
 
     def jobs(self, status: Iterable[str] | None = None, team: str | None = None) -> list[dict]:
         params: list[tuple[str, str]] = [("status", s) for s in status or ()]

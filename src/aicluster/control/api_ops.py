@@ -217,6 +217,13 @@ class ApiOps:
                 "request body", [SpecIssue("team", f"team {spec.team!r} does not exist")]
             )
         self._check_artifacts(who, spec)
+        if spec.environment is not None and spec.environment.requirements:
+            issue = SpecIssue(
+                "environment.requirements",
+                "a file that the client reads at submit (aicluster submit, "
+                "Client.submit_file); send its lines in environment.pip",
+            )
+            raise SpecError("request body", [issue])
         blob = _decode_workdir(workdir_b64)
         ref = None
         if blob is not None:  # stored before the job exists, so a launch always finds it

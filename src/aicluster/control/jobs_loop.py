@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from aicluster.control.job_envs import EnvProgress
 from aicluster.control.logs import LogStore
 from aicluster.control.oplog import decision as log_decision
 from aicluster.control.recovery import newest_checkpoint, recovery
@@ -40,6 +41,7 @@ from aicluster.core.model import Admit, Preempt, Wait, WaitKind
 from aicluster.core.nodestate import NodeState
 from aicluster.core.scheduler import DEFAULT_POLICY, get_policy, plan_cycle
 from aicluster.engine.protocol import Engine, LaunchError, LaunchRequest, NodeInfo
+from aicluster.runtime import envs
 from aicluster.store.db import Store
 from aicluster.store.jobs import JobRecord
 
@@ -93,6 +95,7 @@ class Controller:
         self.alive: set[str] | None = None
         self.nodes: list[NodeInfo] = []
         self.lost_since: dict[str, float] = {}  # job id -> when a worker was first seen lost
+        self.env_progress = EnvProgress(store, logs, clock)  # jobs' `environment` builds
         # job id -> the last time every worker of its attempt answered: an interrupted
         # attempt stopped making progress then (control.recovery measures from there)
         self.last_heard: dict[str, float] = {}
@@ -260,6 +263,7 @@ class Controller:
 
     def _reconcile_running(self, job: JobRecord) -> None:
         states = self.pull_logs(job)
+        self.env_progress.observe(job, states)
         lost = [s for s in states if s.lost]
         failed = [s for s in states if s.exit_code not in (None, 0)]
         if not lost and all(s.started for s in states):
@@ -290,10 +294,13 @@ class Controller:
             # Outcome first, then the stop: a control plane killed in between finds the job
             # ended (collect_garbage stops the gang), not RUNNING with vanished workers.
             first = failed[0]
+            env_error = self.env_progress.failure(job, first.rank, first.exit_code)
             self._fail(
                 job,
-                Reason.EXIT_CODE,
-                f"rank {first.rank} exited with code {first.exit_code}",
+                Reason.ENVIRONMENT_FAILED if env_error else Reason.EXIT_CODE,
+                f"rank {first.rank}: {env_error}"
+                if env_error
+                else f"rank {first.rank} exited with code {first.exit_code}",
                 exit_code=first.exit_code,
             )
             self.engine.stop(job.id, job.attempt, len(states))
@@ -305,6 +312,7 @@ class Controller:
                 self.engine.stop(job.id, job.attempt, len(states))
                 self._fail(job, Reason.OUTPUT_FAILED, f"{type(exc).__name__}: {exc}")
                 return
+            self.env_progress.forget(job.id)
             message = "all workers exited 0" + (
                 f"; produced {', '.join(produced)}" if produced else ""
             )
@@ -373,6 +381,7 @@ class Controller:
         """Stop the gang; requeue within the restart budget, else fail. `interrupted_at`:
         when an interrupted attempt stopped making progress (control.recovery)."""
         self.engine.stop(job.id, job.attempt, len(job.placement or []))
+        self.env_progress.forget(job.id)
         max_restarts = job.spec.max_restarts
         if not failure_is_retryable(reason):
             self._fail(job, reason, message, interrupted_at=interrupted_at)
@@ -392,6 +401,7 @@ class Controller:
     def _fail(self, job: JobRecord, reason: Reason, message: str, **fields) -> None:
         """End the job FAILED (from the status it is in) and log the decision."""
         self.last_heard.pop(job.id, None)
+        self.env_progress.forget(job.id)
         if self.store.transition(job.id, job.status, JobStatus.FAILED, reason, message, **fields):
             log_decision(
                 decisions,
@@ -551,6 +561,7 @@ class Controller:
             AICLUSTER_RESTARTS=str(rec.restarts),
         )
         env.update(spec.checkpoint.env() if spec.checkpoint else {})  # checkpoint.save
+        env.update(envs.job_env(spec.environment) if spec.environment else {})  # on each node
         if self.api_url:  # a token scoped to this attempt: its team's artifacts, its checkpoints
             env.update(
                 AICLUSTER_URL=self.api_url,

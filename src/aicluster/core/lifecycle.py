@@ -40,6 +40,7 @@ class Reason(StrEnum):
     INPUT_UNAVAILABLE = "input_unavailable"  # an input artifact cannot be read
     OUTPUT_FAILED = "output_failed"  # the command succeeded but an output could not be stored
     LAUNCH_FAILED = "launch_failed"  # the engine could not start the gang
+    ENVIRONMENT_FAILED = "environment_failed"  # its `environment` could not be built
     WORKER_LOST = "worker_lost"  # a worker process vanished while the node lives
     CANCELLED_BY_USER = "cancelled_by_user"
     COULD_NEVER_FIT = "could_never_fit"  # larger than the cluster for max_pending_seconds

@@ -17,7 +17,10 @@ Vocabulary:
   writes an env another team will run.
 - *runner*: `python -m aicluster.runtime.envs run -- ARGV...` finds or builds the env of
   `$AICLUSTER_ENV_SPEC` (JSON), then execs ARGV with `$AICLUSTER_ENV_PYTHON` set to the env's
-  interpreter (runtime.worker puts it in front of a workload's command, inside the sandbox).
+  interpreter (runtime.worker puts it in front of a workload's command, inside the sandbox);
+  with `$AICLUSTER_ENV_ACTIVATE=1` (a job's `environment`) as in the activated venv.
+- *cache limit*: each folder holds at most `$AICLUSTER_ENVS_MAX_BYTES` (50 GiB); after a
+  build the least recently used envs not in use go (runtime.envcache).
 
 Invariants:
 - An env directory `<key>` exists only complete: it is built in `.<key>.partial-*` beside
@@ -50,8 +53,11 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from aicluster.runtime import envcache
+
 SPEC_ENV = "AICLUSTER_ENV_SPEC"  # the declarative env a workload asks for (JSON)
 PYTHON_ENV = "AICLUSTER_ENV_PYTHON"  # the interpreter the runner found or built
+ACTIVATE_ENV = "AICLUSTER_ENV_ACTIVATE"  # "1": the command runs as in the activated venv
 ROOT_ENV = "AICLUSTER_ENVS_DIR"
 DEFAULT_ROOT = "/var/tmp/aicluster-envs"
 PROGRESS_PREFIX = "aicluster env: "
@@ -89,11 +95,30 @@ def normalise(spec: Mapping) -> dict:
     remove = [str(r) for r in spec.get("remove") or ()]
     if not pip:
         raise ValueError("a declarative env needs at least one pip requirement")
-    return {"pip": pip, "remove": remove}
+    out = {"pip": pip, "remove": remove}
+    if spec.get("python"):  # only when asked: the keys of envs that never asked stay
+        out["python"] = str(spec["python"])
+    return out
+
+
+def interpreter_for(spec: Mapping) -> str:
+    """The interpreter an env of `spec` is made from: the platform's own when no version
+    is asked for or it is that version, else `pythonX.Y` on this node's PATH."""
+    want = normalise(spec).get("python")
+    base = base_python()
+    if want is None or platform.python_version().rsplit(".", 1)[0] == want:
+        return base
+    found = shutil.which(f"python{want}")
+    if found is None:
+        raise EnvBuildError(
+            f"python {want} is not on this node (it has python{platform.python_version()}; "
+            f"leave python out, or install python{want} on the nodes)"
+        )
+    return found
 
 
 def env_key(spec: Mapping, python: str | None = None) -> str:
-    base = python or base_python()
+    base = python or interpreter_for(spec)
     facts = {
         **normalise(spec),
         "python": _python_version(base),
@@ -170,7 +195,7 @@ def ensure_env(
     missing. Raises EnvBuildError (pip's last lines) or TimeoutError (lock not had)."""
     started = time.monotonic()
     spec = normalise(spec)
-    base = python or base_python()
+    base = python or interpreter_for(spec)
     key = env_key(spec, base)
     for other in (*lookup, folder):
         if (Path(other) / key / MARKER).is_file():
@@ -204,6 +229,7 @@ def ensure_env(
             raise
         seconds = time.monotonic() - started
         log(f"{READY}env {key} built in {seconds:.1f} s: {final}")
+        envcache.evict(folder, MARKER, envcache.max_bytes(), keep=final, log=log)
         return Env(final, key, True, seconds)
     finally:
         lock.release()
@@ -223,7 +249,7 @@ def _build(spec: dict, base: str, tmp: Path, final: Path, log: Log) -> None:
         _run([base, "-m", "venv", "--prompt", final.name, str(tmp)], "create the venv", log)
         py = str(tmp / "bin" / "python")
         pip = [py, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-        _run([*pip, "install", *spec["pip"]], "pip install", log)
+        _run([*pip, "install", *spec["pip"]], "pip install", _PipProgress(final.name, log))
         if spec["remove"]:
             _run([*pip, "uninstall", "-y", *spec["remove"]], "pip uninstall", log)
         _repoint(tmp, final)
@@ -235,6 +261,26 @@ _PASSED = frozenset(
     {"PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR"}
     | {"SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE"}
 )
+
+
+class _PipProgress:
+    """pip's output passed on, and a progress line now and then: packages collected while
+    pip resolves and downloads, then how many it installs (pip says no more than that)."""
+
+    def __init__(self, key: str, log: Log, every_s: float = 1.0):
+        self.key, self.log, self.every_s = key, log, every_s
+        self.collected, self.said_at = 0, 0.0
+
+    def __call__(self, line: str) -> None:
+        self.log(line)
+        if line.startswith("Collecting ") or line.startswith("Requirement already satisfied"):
+            self.collected += 1
+            if time.monotonic() - self.said_at >= self.every_s:
+                self.said_at = time.monotonic()
+                self.log(f"{BUILDING}env {self.key}: {self.collected} packages collected")
+        elif line.startswith("Installing collected packages:"):
+            n = len(line.split(":", 1)[1].split(","))
+            self.log(f"{BUILDING}env {self.key}: installing {n} packages")
 
 
 def _pip_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -298,6 +344,7 @@ def _write_marker(tmp: Path, spec: dict, key: str, base: str, seconds: float) ->
         "python": _python_version(base),
         "built_at": time.time(),
         "build_seconds": round(seconds, 1),
+        "bytes": envcache.folder_bytes(tmp),
     }
     path = tmp / MARKER
     with open(path, "w") as f:
@@ -386,10 +433,21 @@ def _run_then_exec(rest: list[str]) -> int:
         return 3
     if not env.built:
         log(f"{READY}env {env.key} (cached): {env.path}")
+    envcache.mark_used(env.path)
+    envcache.hold_in_use(env.path)  # open across exec: in use while the workload lives
     os.environ[PYTHON_ENV] = str(env.python)
+    if os.environ.get(ACTIVATE_ENV) == "1":  # a job's: `python`, `pip` and the env's scripts
+        os.environ["VIRTUAL_ENV"] = str(env.path)  # first on the PATH, as an activated venv
+        os.environ["PATH"] = f"{env.path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
     sys.stdout.flush()
     os.execvp(rest[0], rest)
     return 0  # not reached
+
+
+def job_env(spec: Mapping) -> dict[str, str]:
+    """What a job's launch adds to its environment for its `environment`: the runner builds
+    or finds it on each node, then runs the command as in the activated venv."""
+    return {SPEC_ENV: json.dumps(normalise(spec)), ACTIVATE_ENV: "1"}
 
 
 def runner(command: str | Sequence[str], python: str = sys.executable) -> list[str]:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from aicluster.runtime import envs
+from aicluster.runtime import envcache, envs
 from aicluster.runtime.sandbox import SandboxPolicy, prepare, workload_env, wrap
 
 _PR_SET_PDEATHSIG = 1
@@ -121,6 +121,8 @@ class WorkerProcess:
         uid = policy.uid if prepared.sandboxed else None
         if job_env.get(envs.SPEC_ENV):  # its own env first, found or built as its own user
             job_env[envs.ROOT_ENV] = str(envs.envs_root())
+            if os.environ.get(envcache.MAX_BYTES_ENV):  # the node's limit, if it sets one
+                job_env[envcache.MAX_BYTES_ENV] = os.environ[envcache.MAX_BYTES_ENV]
             envs.prepare_user_dir(envs.envs_root(), uid, policy.gid if uid is not None else None)
             command = envs.runner(command)
         full_env = workload_env(job_env, cwd, uid)

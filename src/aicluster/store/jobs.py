@@ -303,6 +303,30 @@ class JobStore:
             )
             return True
 
+    def set_running_message(
+        self, job_id: str, attempt: int, message: str, event: str | None = None, reason=None
+    ) -> bool:
+        """Say what a RUNNING job's attempt is doing (e.g. building its environment); an
+        Event of type `event` with it when given. Nothing when the job has moved on."""
+        with self._session.begin() as s:
+            row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
+            if row is None or row.status != JobStatus.RUNNING.value or row.attempt != attempt:
+                return False
+            row.message = message
+            row.updated_at = self.clock()
+            if event is not None:
+                self._event(
+                    s,
+                    "job",
+                    job_id,
+                    row.team,
+                    event,
+                    reason=reason,
+                    message=message,
+                    attempt=attempt,
+                )
+            return True
+
     # -- events -----------------------------------------------------------------
 
     def add_event(self, kind: str, object_id: str, team: str | None, type_: str, **kw) -> None:
