@@ -10,7 +10,9 @@ Options: --lines (synthetic ledger lines), --days (their end times spread over t
 
 Setup: a temporary SQLite store (WAL, as the control plane runs it) holding --lines
 synthetic lines (teams, users, pools, GPU models, 1-64 GPUs, runs of a minute to a day,
-one in five preempted or node-lost) written straight into the ledger, with their sums.
+one in five preempted or node-lost; one in five a replica run of one of a team's five
+services)
+written straight into the ledger, with their sums.
 
 Reports (median of --reps, seconds; `previous` is the way the store read them before
 this change, measured in the same run on the same store, and `ratio` is now/previous):
@@ -22,11 +24,17 @@ this change, measured in the same run on the same store, and `ratio` is now/prev
                         the per-(team, user, pool, GPU model) daily sums, the partial day's
                         lines read from their rows through the plain ended_at index.
   report one team by user  the same for a member (one team, by user); the fine daily sums.
+  report by service, 30d  by service (admin): whole days from the per-(team, service) daily
+                        sums. Previous: there were none; every line of the window read.
 Write path (seconds per job transition; ratio against one transition):
   job transition        compare-and-set + event, the loop's unit of work
   accountant added      the accountant's steps over --jobs jobs of three transitions each
                         (lines, both daily sums, the cursor), divided by the transitions
   accountant idle       one accountant step with no new events (its cost on a quiet tick)
+  replica transition    a replica's compare-and-set + event (placement: + its run's facts),
+                        over --jobs replicas placed, made ready and stopped
+  accountant added (replicas)  the accountant's steps over those replica runs, divided by
+                        their transitions
 """
 
 from __future__ import annotations
@@ -46,10 +54,14 @@ from sqlalchemy import text
 from aicluster.control.usage import Accountant, UsageOps, parse_since, total_json
 from aicluster.core.lifecycle import JobStatus as S
 from aicluster.core.lifecycle import Reason
+from aicluster.core.replica import ReplicaReason as RR
+from aicluster.core.replica import ReplicaStatus as RS
 from aicluster.engine.protocol import NodeInfo
 from aicluster.specs.job import JobSpec
+from aicluster.specs.service import ServiceSpec
 from aicluster.store import open_store
 from aicluster.store.identity import Principal
+from aicluster.store.services import ServiceStore
 from aicluster.store.usage import (
     DAILY_GROUPS,
     DAY,
@@ -77,9 +89,12 @@ def synthetic_lines(n: int, days: float, teams: int, now: float, seed: int):
         ended = now - rnd.random() * days * 86400
         cpus = workers * 8.0
         memory = workers * 64 * GiB
+        replica = rnd.random() < 0.2
         yield dict(
-            job_id=f"job-{i:07d}",
+            job_id=f"replica:svc-{i:07d}" if replica else f"job-{i:07d}",
             attempt=1,
+            kind="replica" if replica else "job",
+            service=f"svc-{team[-2:]}-{rnd.randrange(5)}" if replica else None,
             team=team,
             user=f"{team}-u{rnd.randrange(10)}",
             pool=pool,
@@ -149,6 +164,31 @@ def accountant_figures(store, usage: UsageStore, jobs: int) -> tuple[float, floa
     return per_transition, added, timed(acct.step, 20)
 
 
+def replica_figures(store, usage: UsageStore, runs: int) -> tuple[float, float]:
+    """(seconds per replica transition, accountant seconds added per transition)."""
+    node = NodeInfo("n1", "n1", "n1", True, 64.0, 512 * GiB, 8, "L40S", "l40s-serve")
+    acct = Accountant(usage, nodes=lambda: [node], every_s=0)
+    while acct.step() or usage.cursor() < _last_event(store):
+        pass
+    services = ServiceStore(store)
+    spec = ServiceSpec(name="bench-svc", team="team-00", model="m", resources={"gpus": 1})
+    svc = services.create(spec, "bench")
+    ids = [services.add_replica(svc).id for _ in range(runs)]
+    t = time.perf_counter()
+    for rid in ids:
+        services.transition(rid, RS.PENDING, RS.STARTING, RR.PLACED, node_id="n1")
+        services.transition(rid, RS.STARTING, RS.READY, RR.HEALTHY)
+        services.transition(rid, RS.READY, RS.STOPPED, RR.SCALED_DOWN)
+    per_transition = (time.perf_counter() - t) / (3 * runs)
+    t = time.perf_counter()
+    written = 0
+    while (n := acct.step()) or usage.cursor() < _last_event(store):
+        written += n
+    added = (time.perf_counter() - t) / (3 * runs)
+    assert written == runs, (written, runs)
+    return per_transition, added
+
+
 def _last_event(store) -> int:
     with store.engine.connect() as conn:
         return conn.exec_driver_sql("SELECT max(id) FROM events").scalar() or 0
@@ -165,7 +205,7 @@ class PreviousUsage(UsageStore):
 
     def totals(self, by, since=None, until=None, team=None):
         if until is not None or (by is not None and by not in DAILY_GROUPS):
-            return super().totals(by, since, until, team)
+            return super().totals(by, since, 1e18 if until is None else until, team)
         first_day = None if since is None else math.ceil(since / DAY)
         parts = self._daily_totals(by, first_day, team)
         if since is not None:
@@ -242,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, who, by in (
             ("report by team, 30d (admin)", admin, "team"),
             ("report one team by user, 30d", member, "user"),
+            ("report by service, 30d (admin)", admin, "service"),
         ):
             now_, then = ops.report(who, "30d", None, by), before.report(who, "30d", None, by)
             assert same_figures(now_, then), f"{name}: the two ways disagree"
@@ -250,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                 timed(lambda w=who, b=by: before.report(w, "30d", None, b), args.reps),
             )
         tr, added, idle = accountant_figures(store, usage, args.jobs)
+        rtr, radded = replica_figures(store, usage, args.jobs)
         store.close()
 
     print(f"{args.lines:,} ledger lines (written in {fill_s:.1f} s), {args.jobs} jobs accounted")
@@ -262,8 +304,11 @@ def main(argv: list[str] | None = None) -> int:
         ("job transition (baseline)", tr),
         ("accountant added", added),
         ("accountant step, nothing new", idle),
+        ("replica transition", rtr),
+        ("accountant added (replicas)", radded),
     ):
-        goal = "< 0.001" + (" ok" if secs < 0.001 else " NO") if name == "accountant added" else ""
+        added_ = name.startswith("accountant added")
+        goal = "< 0.001" + (" ok" if secs < 0.001 else " NO") if added_ else ""
         print(f"{name:32} {secs:10.6f} {secs / tr:12.3f} {goal:>9}")
     print("ratio: now / previous (same store, same run); the figures of both ways are equal")
     if args.json:
@@ -273,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             for w, v in zip(("now", "previous"), pair)
         }
         flat.update({"job transition": tr, "accountant added": added, "accountant idle": idle})
+        flat.update({"replica transition": rtr, "accountant added (replicas)": radded})
         args.json.write_text(json.dumps({"lines": args.lines, "fill_s": fill_s, **flat}))
     return 0
 

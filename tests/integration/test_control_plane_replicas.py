@@ -366,3 +366,42 @@ def _submit_to_any(cps, spec: dict) -> str:
         return None
 
     return wait_for(attempt, timeout=30, what=f"a replica to take {spec['name']}")
+
+
+def test_a_replica_on_another_machine_serves_the_work_any_replica_accepted(
+    replicas, mini_ray, tmp_path_factory
+):
+    """A replica with a home of its own (as on another machine) accepts a job with a
+    working directory; whichever replica leads launches it, and the job's log is read
+    through the first: both live in the state store, not in a replica's home."""
+    from aicluster.client.api import pack_workdir
+
+    a = replicas["a"]
+    other = ControlPlaneProc(
+        tmp_path_factory.mktemp("machine-c") / "home",
+        mini_ray.address,
+        free_port(),
+        shared=replicas["shared"],
+        args=("--lease-ttl", TTL, "--lease-renew", RENEW),
+        env={"AICLUSTER_STATE": replicas["url"]},
+    )
+    other.start()
+    try:
+        folder = tmp_path_factory.mktemp("project")
+        (folder / "data.txt").write_text("carried in the working directory\n")
+        spec = {
+            "kind": "job",
+            "name": "elsewhere",
+            "resources": {"cpus": 0.5},
+            "command": "cat data.txt; echo $AICLUSTER_JOB_ID",
+        }
+        c = other.client(token=a.admin_token)
+        job = c.submit(spec, pack_workdir(folder))
+        done = c.wait(job["id"], TERMINAL, timeout=90)
+        assert done["status"] == "SUCCEEDED", done
+        for cp in (other, a):
+            text = cp.client(token=a.admin_token).logs(job["id"])[0].decode()
+            assert text == f"carried in the working directory\n{job['id']}\n"
+        assert not (other.home / "workdirs").exists() and not (other.home / "logs").exists()
+    finally:
+        other.stop()

@@ -27,7 +27,12 @@ ADMIN_ONLY = {
     "POST /v1/tokens",
     "POST /v1/nodes/{node}/{action}",
     "PUT /v1/prices",
+    "PUT /v1/budgets/{team}",
+    "DELETE /v1/budgets/{team}",
     "GET /v1/audit",  # the audit log: admins only (a read, refused to members and viewers)
+    "PUT /v1/limits/teams/{team}",
+    "PUT /v1/limits/tokens/{token_id}",
+    "PUT /v1/prices/tokens",
 }
 # A user's own objects (their API tokens): anyone on their own, admins on anyone's.
 OWN = {"POST /v1/tokens/{token_id}/revoke"}
@@ -52,9 +57,14 @@ READS = {
     "GET /v1/services/{name}",
     "GET /v1/usage",
     "GET /v1/usage/lines",
+    "GET /v1/usage/series",
     "GET /v1/prices",
+    "GET /v1/budgets",  # members and viewers: their team's budget only
     "GET /v1/control-plane",  # replicas and the leader lease: no team's data
     "GET /v1/tokens",  # the caller's own tokens (another user's: admins only)
+    "GET /v1/limits",  # members: their team's and own tokens' limits
+    "GET /v1/usage/tokens",  # members: their team's callers' token usage
+    "GET /v1/prices/tokens",
 }
 
 SERVICE = {
@@ -76,6 +86,10 @@ BODIES = {  # valid bodies, so that only who calls decides the answer
     "POST /v1/tokens": {"user": "iso-sneak", "team": "iso-a", "role": "admin"},
     "POST /v1/nodes/{node}/{action}": {"grace_s": 1},
     "PUT /v1/prices": {"gpu_model": "iso-sneak", "gpu_hour": 99.0},
+    "PUT /v1/budgets/{team}": {"monthly_usd": 1.0},
+    "PUT /v1/limits/teams/{team}": {"requests_per_s": 0.01},
+    "PUT /v1/limits/tokens/{token_id}": {"tokens_per_min": 1},
+    "PUT /v1/prices/tokens": {"service": "iso-sneak", "input_mtok": 99.0},
 }
 
 
@@ -167,6 +181,8 @@ def test_the_matrix(control_plane, world, admin):
     assert "iso-sneak" not in admin.teams()
     assert "iso-sneak" not in {j["name"] for j in admin.jobs()}
     assert admin.job(world["job"])["team"] == "iso-a"
+    budgets = admin.request_json("GET", "/v1/budgets")["budgets"]
+    assert "iso-a" not in {b["team"] for b in budgets}
     token_id = world["params"]["token_id"]
     assert [t["state"] for t in admin.tokens("iso-alice") if t["id"] == token_id] == ["active"]
 
@@ -181,4 +197,8 @@ def test_team_b_sees_none_of_team_a_in_listings(control_plane, world):
     assert all(q["team"] == "iso-b" for q in get("/v1/quotas")["quotas"])
     assert get("/v1/teams")["teams"] == ["iso-b"]
     assert all(x["team"] == "iso-b" for x in get("/v1/usage/lines")["lines"])
+    assert all(x["team"] == "iso-b" for x in get("/v1/budgets")["budgets"])
     assert get("/v1/usage", team="iso-a")["detail"]["message"] == "team 'iso-a' not found"
+    assert {s["team"] for s in get("/v1/usage/series")["series"]} <= {"iso-b"}
+    series = get("/v1/usage/series", team="iso-a", metric="queue_wait_s")
+    assert series["detail"]["message"] == "team 'iso-a' not found"

@@ -101,6 +101,9 @@ def test_every_operation_keeps_the_documented_contract(contract_cp, tokens, role
     assert {
         "POST /v1/jobs",
         "POST /v1/services",
+        "PUT /v1/budgets/{team}",
+        "PUT /v1/limits/teams/{team}",
+        "GET /v1/usage/tokens",
         "POST /v1/artifacts/uploads",
         "GET /metrics",
         "POST /v1/chat/completions",

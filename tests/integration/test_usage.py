@@ -1,7 +1,8 @@
 """The usage ledger live: two teams run short jobs; the accountant (a step of the control
 plane's loop) writes a line per ended attempt, priced at the rate set before it started;
-admins see every team's usage, members only their own; totals reconcile with the lines;
-bad input is a 4xx naming the field."""
+a service's replicas, scaled down and deleted, get a line per run from placement to stop;
+admins see every team's usage, members only their own; totals reconcile with the lines
+by team and by service; bad input is a 4xx naming the field."""
 
 from __future__ import annotations
 
@@ -156,3 +157,83 @@ def test_the_cli_sets_prices_and_reports_usage(control_plane, members):
     bad = run("usage", "--since", "7x")
     assert bad.exit_code == 1 and "since" in bad.output
     assert run("usage", "--by", "user").exit_code == 0
+
+
+def test_replica_runs_are_lines_that_reconcile_by_service_and_team(admin, members):
+    admin.request_json(
+        "PUT", "/v1/prices", json={"pool": "gpu", "gpu_model": "A100", "gpu_hour": 2.5}
+    )
+    client, name = members["use-a"], "metered-svc"
+    spec = {
+        "kind": "service",
+        "name": name,
+        "team": "use-a",
+        "model": "sim-model",
+        "engine": "simulated",
+        "resources": {"gpus": 1, "cpus": 0.5},
+        "replicas": {"min": 2, "max": 2},
+        "readiness_timeout_s": 60,
+    }
+    client.deploy(spec)
+    ready = lambda: [r for r in client.service(name)["replicas"] if r["status"] == "READY"]
+    wait_for(lambda: len(ready()) == 2, timeout=90, what="2 ready replicas")
+    rids = sorted(r["id"] for r in ready())
+    client.scale(name, 1)  # one replica stops: scaled_down
+    live = lambda: [
+        r for r in client.service(name)["replicas"] if r["status"] not in ("STOPPED", "FAILED")
+    ]
+    wait_for(lambda: len(live()) == 1, timeout=30, what="scaled down")
+    client.delete_service(name)  # the other stops: deleted
+    keys = {f"replica:{r}" for r in rids}
+    replica_lines = lambda: [x for x in all_lines(admin, team="use-a") if x["job_id"] in keys]
+    wait_for(lambda: len(replica_lines()) == 2, timeout=30, what="2 replica lines")
+
+    lines = replica_lines()
+    assert {x["end_reason"] for x in lines} == {"scaled_down", "deleted"}
+    for line in lines:
+        rid = line["job_id"].removeprefix("replica:")
+        events = [e for e in admin.events(object_id=rid) if e["type"] == "ReplicaTransition"]
+        (placed,) = [e for e in events if e["to_status"] == "STARTING"]
+        (ended,) = [e for e in events if e["to_status"] in ("STOPPED", "FAILED")]
+        assert (line["kind"], line["service"], line["user"]) == ("replica", name, "user-use-a")
+        assert (line["pool"], line["gpu_model"], line["gpus"]) == ("gpu", "A100", 1)
+        assert abs(line["started_at"] - placed["ts"]) < 1 and line["ended_at"] == ended["ts"]
+        run_s = ended["ts"] - placed["ts"]
+        assert abs(line["run_ms"] / 1000 - run_s) < 1  # to the second
+        assert line["gpu_ms"] == line["run_ms"] and line["cpu_ms"] == round(0.5 * line["run_ms"])
+        assert line["gpu_hour"] == 2.5
+        rates = line["gpu_ms"] * 2.5 + line["cpu_ms"] * line["cpu_hour"]
+        rates += line["memory_gib_ms"] * line["memory_gib_hour"]
+        assert line["cost_micros"] == round(rates / 3.6)
+
+    by_service = usage(admin, team="use-a", by="service")
+    (svc,) = [g for g in by_service["groups"] if g["key"] == name]
+    for field in ("lines", "gpu_ms", "cpu_ms", "cost_micros"):
+        want = len(lines) if field == "lines" else sum(x[field] for x in lines)
+        assert svc[field] == want, field
+        assert by_service["total"][field] == sum(g[field] for g in by_service["groups"])
+    everything = all_lines(admin, team="use-a")
+    (team_a,) = [g for g in usage(admin, by="team")["groups"] if g["key"] == "use-a"]
+    assert team_a["gpu_ms"] == sum(x["gpu_ms"] for x in everything)  # jobs and replicas
+    assert team_a["lines"] == len(everything) == by_service["total"]["lines"]
+    theirs = usage(members["use-b"], by="service")
+    assert name not in [g["key"] for g in theirs["groups"]]
+    assert {g["key"] for g in theirs["storage"]["groups"]} <= {"use-b"}
+
+
+def test_the_cli_reports_by_service_with_storage(control_plane, admin):
+    from typer.testing import CliRunner
+
+    from aicluster.cli.main import app
+
+    auth = ["--url", control_plane.url, "--token", control_plane.admin_token]
+    run = lambda *args: CliRunner().invoke(app, [*args, *auth])
+    done = run("prices", "set", "--storage-gib-month", "0.02")
+    assert done.exit_code == 0 and "storage-gib-month 0.02" in done.output, done.output
+    report = run("usage", "--since", "1d", "--by", "service", "-o", "csv")
+    assert report.exit_code == 0, report.output
+    rows = [r.split(",") for r in report.output.strip().splitlines()]
+    assert rows[0][:2] == ["service", "lines"] and rows[-1][0] == "TOTAL"
+    assert sum(int(r[1]) for r in rows[1:-1]) == int(rows[-1][1])
+    assert "storage_gib_days" in rows[0]
+    assert run("usage", "--by", "service").exit_code == 0

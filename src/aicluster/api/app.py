@@ -12,6 +12,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from aicluster.api.audit import PRINCIPAL, AuditMiddleware, note_target
 from aicluster.api.audit_routes import audit_router
 from aicluster.api.bodies import NodeActionBody, QuotaBody, SubmitBody, TeamBody, TokenBody
+from aicluster.api.budgets_routes import budgets_router
 from aicluster.api.errors import BODY, error, install_error_handlers, responses
 from aicluster.api.limits import BodyLimitMiddleware
 from aicluster.api.strict_json import StrictJSONRoute, finite
@@ -24,6 +25,7 @@ from aicluster.control.api_ops import (
     NotFoundError,
 )
 from aicluster.control.audit import AuditOps
+from aicluster.control.budgets import QueueFull
 from aicluster.control.nodes_loop import current as current_nodes
 from aicluster.control.recovery import recovery
 from aicluster.control.snapshot import allocations, job_workload
@@ -110,7 +112,14 @@ def create_app(services: ApiOps, routers=(), audit: AuditStore | None = None) ->
     app.add_middleware(AuditMiddleware, audit=audit)  # outside it: a 413 is audited too
     install_error_handlers(
         app,
-        {NotFoundError: 404, NotFound: 404, ForbiddenError: 403, BadRequest: 400, Conflict: 409},
+        {
+            NotFoundError: 404,
+            NotFound: 404,
+            ForbiddenError: 403,
+            BadRequest: 400,
+            Conflict: 409,
+            QueueFull: 429,
+        },
     )
 
     def principal(
@@ -145,7 +154,7 @@ def create_app(services: ApiOps, routers=(), audit: AuditStore | None = None) ->
     def whoami(who: Principal = Depends(principal)):
         return asdict(who)
 
-    @app.post("/v1/jobs", status_code=201, responses=responses(*WRITE, *BODY))
+    @app.post("/v1/jobs", status_code=201, responses=responses(*WRITE, *BODY, 429))
     def submit(request: Request, body: SubmitBody, who: Principal = Depends(principal)):
         job = services.submit(who, body.spec, body.workdir)
         note_target(request, f"job={job.id}")
@@ -276,6 +285,8 @@ def create_app(services: ApiOps, routers=(), audit: AuditStore | None = None) ->
 
     app.include_router(audit_router(AuditOps(audit), principal))
     app.include_router(tokens_router(TokenOps(services.store), principal))
+    if services.budgets is not None:
+        app.include_router(budgets_router(services.budgets, principal))
     for make_router in routers:
         app.include_router(make_router(principal))
     return app

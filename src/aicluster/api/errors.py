@@ -47,6 +47,8 @@ DESCRIPTIONS = {
     "an admin uses, of several teams: use the id or TEAM:NAME)",
     413: "Request body larger than this route accepts",
     422: "Invalid input; `field` and `issues` name the fields",
+    429: "Too many: the team has as many pending jobs as its cap allows; `field` names the "
+    "cap (max_queued_jobs)",
     503: "A backing service is unavailable",
 }
 

@@ -89,31 +89,42 @@ class ControlPlane:
         apply_ray_env(home, loopback=ray_address.startswith("127."))
         from aicluster.api.app import create_app
         from aicluster.api.artifacts_routes import artifact_router
+        from aicluster.api.gateway_parts import GatewayParts
         from aicluster.api.metrics_routes import metrics_router
         from aicluster.api.services_routes import services_router
         from aicluster.api.usage_routes import usage_router
+        from aicluster.api.usage_series_routes import usage_series_router
         from aicluster.control.api_ops import ApiOps
         from aicluster.control.artifacts import ArtifactService
+        from aicluster.control.budgets import BudgetCollector, BudgetOps, BudgetStep
         from aicluster.control.endpoint_ops import EndpointOps
         from aicluster.control.endpoints import EndpointTable
         from aicluster.control.jobs_loop import Controller
-        from aicluster.control.logs import LogStore
+        from aicluster.control.logs import SharedLogStore
         from aicluster.control.metrics import Metrics, StateCollector
         from aicluster.control.nodes_loop import NodeLoop
         from aicluster.control.sandboxing import Sandboxing
         from aicluster.control.services_loop import ServiceLoop
         from aicluster.control.usage import Accountant, UsageOps
+        from aicluster.control.usage_metrics import UsageCollector
+        from aicluster.control.usage_series import UsageSeriesOps
+        from aicluster.control.usage_storage import StorageSampler
+        from aicluster.control.workdirs import SharedWorkdirs
         from aicluster.engine.health import HealthAgents
         from aicluster.engine.ray_engine import NAMESPACE, RayEngine
         from aicluster.gateway.proxy import Gateway
         from aicluster.store.artifacts import ArtifactStore
         from aicluster.store.audit import AuditStore
+        from aicluster.store.budgets import BudgetStore
         from aicluster.store.db import open_store
+        from aicluster.store.jobfiles import JobFiles
         from aicluster.store.lease import FencedEngine, LeaderElector, LeaderLease
         from aicluster.store.nodes import NodeStore
         from aicluster.store.quotas import QuotaStore
         from aicluster.store.services import ServiceStore
         from aicluster.store.usage import UsageStore
+        from aicluster.store.usage_series import UsageSeriesStore
+        from aicluster.store.usage_storage import StorageSamples
         from aicluster.web.routes import web_router
 
         self.home, self.host, self.port, self.tick_s = home, host, port, tick_s
@@ -134,8 +145,12 @@ class ControlPlane:
         # The loops act through the fenced engine; the API (any replica) through the plain one.
         self.lease = LeaderLease(self.store.engine, ttl_s=lease_ttl_s)
         fenced_engine = FencedEngine(self.engine, self.lease)
-        logs = LogStore(home / "logs")
-        workdirs = home / "workdirs"
+        # Logs and working directories in the state store: every replica, on any machine,
+        # reads what the leader pulled and launches what any replica accepted. The folders
+        # are read for what an older installation kept there.
+        files = JobFiles(self.store)
+        logs = SharedLogStore(files, home / "logs")
+        workdirs = SharedWorkdirs(files, home / "workdirs")
         self.stopping = threading.Event()
         self.wakeup = threading.Event()
         wake = self.wakeup.set
@@ -172,7 +187,18 @@ class ControlPlane:
             api_url=f"http://{host}:{port}",
         )
         usage = UsageStore(self.store)  # the ledger of ended attempts (control.usage)
-        self.accountant = Accountant(usage, nodes=lambda: self.controller.nodes)
+        storage = StorageSamples(self.store)  # daily bytes per team (control.usage_storage)
+        self.accountant = Accountant(
+            usage,
+            nodes=lambda: self.controller.nodes,
+            storage=StorageSampler(storage, self.artifacts.artifacts, logs.root),
+        )
+        # Team budgets and caps (control.budgets): the leader's step computes spending from
+        # the ledger the accountant writes; limits go through the controller's snapshot.
+        budgets = BudgetOps(self.store, BudgetStore(self.store), usage, self.accountant)
+        self.budget_step = BudgetStep(budgets, ledger=self.accountant.step)
+        self.controller.limits = self.budget_step.limits
+        self.metrics.add_state(BudgetCollector(budgets))
         table = EndpointTable()
         service_store = ServiceStore(self.store)
         self.services = ServiceLoop(
@@ -192,7 +218,15 @@ class ControlPlane:
                 self.store, self.engine, self.services, node_states=self.node_loop.nodes.all
             )
         )
-        self.gateway = Gateway(table, self._people_only, metrics=self.metrics)
+        self.metrics.add_state(UsageCollector(UsageSeriesStore(self.store)))
+        self.gateway_parts = GatewayParts(self.store)  # usage capture and rate limits
+        self.gateway = Gateway(
+            table,
+            self._people_only,
+            metrics=self.metrics,
+            usage=self.gateway_parts.usage,
+            limiter=self.gateway_parts.limiter,
+        )
         self.app = create_app(
             ApiOps(
                 self.store,
@@ -205,6 +239,7 @@ class ControlPlane:
                 quotas=quotas,
                 queue=lambda: self.controller.queue,
                 artifacts=self.artifacts,
+                budgets=budgets,
             ),
             audit=AuditStore(self.store, retention_s=audit_retention_s),
             routers=[
@@ -212,8 +247,12 @@ class ControlPlane:
                 lambda _p: self.gateway.router(),
                 lambda p: artifact_router(self.artifacts, p),
                 lambda p: metrics_router(self.metrics, p),
-                lambda p: usage_router(UsageOps(usage, self.store.team_exists), p),
+                lambda p: usage_router(UsageOps(usage, self.store.team_exists, storage=storage), p),
+                lambda p: usage_series_router(
+                    UsageSeriesOps(UsageSeriesStore(self.store), self.store.team_exists), p
+                ),
                 lambda p: replicas_router(self, p),
+                *self.gateway_parts.routers(),
                 web_router,
             ],
         )
@@ -228,9 +267,10 @@ class ControlPlane:
         self._term_over = threading.Event()
 
     def _people_only(self, token: str):
-        """The gateway's authentication: users' tokens only; a job's scoped token is not one."""
-        who = self.store.authenticate(token)
-        return who if who is not None and who.job_id is None else None
+        """The gateway's authentication: users' tokens only; a job's scoped token is not one.
+        A known token that no longer works is a Refusal (it says why)."""
+        who = self.store.identify(token)
+        return None if getattr(who, "job_id", None) is not None else who
 
     def _job_team(self, job_id: str) -> str | None:
         """The team of a job, None when there is no such job (artifact producer_job check)."""
@@ -287,6 +327,7 @@ class ControlPlane:
         log_decision(decisions, "leader_elected", holder=self.lease.holder, epoch=epoch)
         self.controller.new_term()
         self.services.new_term()
+        self.budget_step.new_term()
         self.term_nodes = self._new_node_loop()
         self.controller.node_loop = self.term_nodes
         self._term_over = over = threading.Event()
@@ -343,6 +384,12 @@ class ControlPlane:
             log.warning("stale leader: %s", exc)
         except Exception:
             log.exception("usage accounting failed")
+        try:
+            self.budget_step.tick()  # every few seconds: spending, crossing Events
+        except StaleLeader as exc:
+            log.warning("stale leader: %s", exc)
+        except Exception:
+            log.exception("the budget step failed")
         self.wakeup.wait(self.tick_s)  # a submit or a finished launch ticks at once
         self.wakeup.clear()
 
@@ -365,6 +412,7 @@ class ControlPlane:
 
         self.elector.start()  # leads at once when the lease is free
         threading.Thread(target=self._follow, name="follower-table", daemon=True).start()
+        self.gateway_parts.start()  # limits refreshed, usage flushed, about once a second
         # No colour codes (the log is a file); in JSON mode uvicorn's records go through
         # the root handler (control.oplog.JsonFormatter) like every other line.
         plain = {"log_config": None} if self.log_format == "json" else {}
@@ -385,6 +433,7 @@ class ControlPlane:
             if self._term is not None:
                 self._term.join(timeout=30)
             self.elector.stop()  # ends the term, then releases the lease
+            self.gateway_parts.stop()  # the last usage flush
             self.controller.close()
             self.store.close()
 

@@ -1,7 +1,8 @@
 """Usage and price routes: thin wrappers over control.usage.UsageOps.
 
-`GET /v1/usage` sums the ledger's lines (ended job attempts) that ended since a time, by a
-grouping; `GET /v1/usage/lines` lists those lines; `PUT /v1/prices` (admins) sets a rate
+`GET /v1/usage` sums the ledger's lines (ended job attempts and replica runs) that ended
+since a time, by a grouping, with each team's storage (daily samples) and its cost;
+`GET /v1/usage/lines` lists those lines; `PUT /v1/prices` (admins) sets a rate
 card, `GET /v1/prices` lists them with the catalog's defaults. Members and viewers see
 their team's usage only. Bad input is a 400 or 422 naming the field.
 """
@@ -16,7 +17,7 @@ from pydantic import Field
 from aicluster.api.bodies import Body
 from aicluster.api.errors import BODY, responses
 from aicluster.api.strict_json import StrictJSONRoute, finite
-from aicluster.control.usage import UsageOps
+from aicluster.control.usage import PRICES, UsageOps
 from aicluster.specs.limits import INT64_MAX
 from aicluster.specs.names import Name
 
@@ -34,6 +35,9 @@ class PriceBody(Body):
     gpu_hour: float | None = Rate
     cpu_hour: float | None = Rate
     memory_gib_hour: float | None = Rate
+    storage_gib_month: float | None = Field(
+        default=None, ge=0, le=1e9, description="per GiB kept a month (every pool only)"
+    )
     effective_from: float | None = Field(
         default=None, ge=0, le=1e11, description="UNIX seconds; default now; never in the past"
     )
@@ -57,7 +61,7 @@ def usage_router(ops: UsageOps, principal) -> APIRouter:
         by: str | None = Query(
             default="team",
             max_length=32,
-            description="team, user, job, pool, gpu_model or end_reason",
+            description="team, user, job, service, kind, pool, gpu_model or end_reason",
         ),
         who=Depends(principal),
     ):
@@ -75,7 +79,7 @@ def usage_router(ops: UsageOps, principal) -> APIRouter:
 
     @r.put("/v1/prices", responses=responses(401, 403, *BODY))
     def set_price(body: PriceBody, who=Depends(principal)):
-        rates = {n: getattr(body, n) for n in ("gpu_hour", "cpu_hour", "memory_gib_hour")}
+        rates = {n: getattr(body, n) for n in PRICES}
         p = ops.set_price(who, body.pool, body.gpu_model, rates, body.effective_from)
         return finite(asdict(p))
 

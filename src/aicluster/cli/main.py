@@ -7,7 +7,9 @@ import typer
 from aicluster.cli import (
     artifacts_cmds,
     audit_cmds,
+    budgets_cmds,
     jobs_cmds,
+    limits_cmds,
     nodes_cmds,
     plan_cmds,
     platform_cmds,
@@ -31,8 +33,10 @@ artifacts_cmds.register(app)
 services_cmds.register(app)
 plan_cmds.register(app)
 usage_cmds.register(app)
+budgets_cmds.register(app)
 audit_cmds.register(app)
 tokens_cmds.register(app)
+limits_cmds.register(app)
 state_cmds.register(app)
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""`aicluster usage` (what ended job attempts used and cost) and `aicluster prices set |
-list` (admins set rates per pool and/or GPU model, from a time on)."""
+"""`aicluster usage` (what ended job attempts and replica runs used and cost, and what
+teams store) and `aicluster prices set | list` (admins set rates per pool and/or GPU model,
+from a time on; storage per GiB-month for every pool)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import typer
 
 from aicluster.cli import output as out
 from aicluster.cli.common import OutputFormat, OutputOpt, TokenOpt, UrlOpt, cli_errors, make_client
+from aicluster.cli.limits_cmds import set_token_price, token_usage
 
 
 class UsageFormat(str, Enum):
@@ -20,7 +22,7 @@ class UsageFormat(str, Enum):
     csv = "csv"
 
 
-BY = ("team", "user", "job", "pool", "gpu_model", "end_reason")
+BY = ("team", "user", "job", "service", "kind", "pool", "gpu_model", "end_reason")
 CSV_FIELDS = (
     "key",
     "lines",
@@ -30,7 +32,11 @@ CSV_FIELDS = (
     "memory_gib_seconds",
     "lost_gpu_seconds",
     "cost",
+    "storage_gib",
+    "storage_gib_days",
+    "storage_cost",
 )
+GiB = 2**30
 
 
 def _hours(seconds: float) -> str:
@@ -46,29 +52,42 @@ def usage(
     output: Annotated[
         UsageFormat, typer.Option("--output", "-o", help="table, json or csv")
     ] = UsageFormat.table,
+    tokens: Annotated[
+        bool,
+        typer.Option("--tokens", help="tokens the gateways counted, by team|user|token|service"),
+    ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """GPU, CPU and memory hours and cost of ended job attempts, grouped (the usage ledger)."""
+    """GPU, CPU and memory hours and cost of ended job attempts and replica runs, grouped,
+    and each team's storage (the usage ledger)."""
+    if tokens:  # what the gateways counted (cli.limits_cmds)
+        return token_usage(since, team, by, output == UsageFormat.json, url, token)
     params = {"since": since, "by": by}
     if team:
         params["team"] = team
     with cli_errors(), make_client(url, token) as c:
         report = c.request_json("GET", "/v1/usage", params=params)
     rows = [*report["groups"], {**report["total"], "key": "TOTAL"}]
+    storage = report.get("storage") or {"groups": [], "total": None}
     if output == UsageFormat.json:
         out.print_json(report)
     elif output == UsageFormat.csv:
+        kept = {g["key"]: g for g in storage["groups"]} if by == "team" else {}
+        if storage["total"] is not None:
+            kept["TOTAL"] = storage["total"]
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow([by if f == "key" else f for f in CSV_FIELDS])
         for r in rows:
-            w.writerow([r[f] for f in CSV_FIELDS])
+            s = kept.get(r["key"])
+            r = {**r, **_storage_fields(s)} if s else r
+            w.writerow([r.get(f, "") for f in CSV_FIELDS])
     else:
         out.print_table(
             rows,
             [
                 (by.upper(), lambda r: r["key"] if r["key"] is not None else "-"),
-                ("ATTEMPTS", "lines"),
+                ("LINES", "lines"),
                 ("GPU-H", lambda r: _hours(r["gpu_seconds"])),
                 ("LOST GPU-H", lambda r: _hours(r["lost_gpu_seconds"])),
                 ("CPU-H", lambda r: _hours(r["cpu_seconds"])),
@@ -77,6 +96,23 @@ def usage(
             ],
             title=f"usage since {out.fmt_time(report['since'])}",
         )
+        if storage["groups"]:
+            out.print_table(
+                [*storage["groups"], {**storage["total"], "key": "TOTAL"}],
+                [
+                    ("TEAM", "key"),
+                    ("GIB NOW", lambda r: f"{r['gib']:,.2f}"),
+                    ("CHECKPOINTS GIB", lambda r: f"{r['checkpoints_bytes'] / GiB:,.2f}"),
+                    ("LOGS GIB", lambda r: f"{r['logs_bytes'] / GiB:,.2f}"),
+                    ("GIB-DAYS", lambda r: f"{r['gib_days']:,.2f}"),
+                    ("COST", lambda r: f"{r['cost']:,.2f}"),
+                ],
+                title="storage (daily samples)",
+            )
+
+
+def _storage_fields(s: dict) -> dict:
+    return {"storage_gib": s["gib"], "storage_gib_days": s["gib_days"], "storage_cost": s["cost"]}
 
 
 prices_app = typer.Typer(help="Prices per GPU-, CPU- and memory-GiB-hour (admins set them).")
@@ -91,6 +127,21 @@ def set_price(
     gpu_hour: Annotated[float | None, typer.Option("--gpu-hour", min=0.0)] = None,
     cpu_hour: Annotated[float | None, typer.Option("--cpu-hour", min=0.0)] = None,
     memory_gib_hour: Annotated[float | None, typer.Option("--memory-gib-hour", min=0.0)] = None,
+    storage_gib_month: Annotated[
+        float | None,
+        typer.Option("--storage-gib-month", min=0.0, help="per GiB stored a month (every pool)"),
+    ] = None,
+    input_per_mtok: Annotated[
+        float | None, typer.Option("--input-per-mtok", min=0.0, help="per million prompt tokens")
+    ] = None,
+    output_per_mtok: Annotated[
+        float | None,
+        typer.Option("--output-per-mtok", min=0.0, help="per million completion tokens"),
+    ] = None,
+    service: Annotated[
+        str | None,
+        typer.Option("--service", help="token rates of TEAM/NAME or NAME (default: every)"),
+    ] = None,
     effective_from: Annotated[
         float | None,
         typer.Option("--from", help="UNIX seconds it takes effect (default: now)"),
@@ -99,20 +150,25 @@ def set_price(
     token: TokenOpt = None,
 ) -> None:
     """Set the rates of a pool and/or GPU model, in force from now (or --from) on."""
+    if input_per_mtok is not None or output_per_mtok is not None or service is not None:
+        set_token_price(service, input_per_mtok, output_per_mtok, effective_from, url, token)
+        if all(v is None for v in (gpu_hour, cpu_hour, memory_gib_hour, storage_gib_month)):
+            return
     body = {
         "pool": pool,
         "gpu_model": gpu_model,
         "gpu_hour": gpu_hour,
         "cpu_hour": cpu_hour,
         "memory_gib_hour": memory_gib_hour,
+        "storage_gib_month": storage_gib_month,
         "effective_from": effective_from,
     }
     with cli_errors(), make_client(url, token) as c:
         p = c.request_json("PUT", "/v1/prices", json=body)
     rates = ", ".join(
         f"{n.replace('_', '-')} {p[n]:g}"
-        for n in ("gpu_hour", "cpu_hour", "memory_gib_hour")
-        if p[n] is not None
+        for n in ("gpu_hour", "cpu_hour", "memory_gib_hour", "storage_gib_month")
+        if p.get(n) is not None
     )
     out.console().print(
         f"pool {p['pool'] or '*'}, GPU model {p['gpu_model'] or '*'}: {rates} "
@@ -138,6 +194,7 @@ def list_prices(
             ("GPU-HOUR", "gpu_hour"),
             ("CPU-HOUR", "cpu_hour"),
             ("MEM-GIB-HOUR", "memory_gib_hour"),
+            ("STORAGE-GIB-MONTH", "storage_gib_month"),
             ("FROM", lambda r: out.fmt_time(r["effective_from"])),
             ("BY", "actor"),
         ],

@@ -11,12 +11,12 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aicluster.control.logs import LogStore
+from aicluster.control.workdirs import as_workdirs
 from aicluster.core.lifecycle import JobStatus, Reason
 from aicluster.engine.protocol import Engine
 from aicluster.specs.errors import SpecError, SpecIssue
@@ -93,7 +93,7 @@ class ApiOps:
     store: Store
     engine: Engine
     logs: LogStore
-    workdirs: Path
+    workdirs: Path | object  # a folder, or control.workdirs.SharedWorkdirs
     notify: Callable[[], None] = field(default=lambda: None)  # wakes the reconcile loop
     # Admitted workloads that are not jobs (service replicas), for node allocation views.
     other_workloads: Callable[[], list] = field(default=lambda: [])
@@ -101,6 +101,7 @@ class ApiOps:
     quotas: object | None = None  # store.quotas.QuotaStore
     artifacts: object | None = None  # control.artifacts.ArtifactService (job inputs)
     queue: Callable[[], list] = field(default=lambda: [])  # last cycle's (workload, reason)
+    budgets: object | None = None  # control.budgets.BudgetOps: caps at submit, /v1/budgets
 
     # -- quotas and the queue --------------------------------------------------------
 
@@ -216,7 +217,6 @@ class ApiOps:
             raise SpecError(
                 "request body", [SpecIssue("team", f"team {spec.team!r} does not exist")]
             )
-        self._check_artifacts(who, spec)
         if spec.environment is not None and spec.environment.requirements:
             issue = SpecIssue(
                 "environment.requirements",
@@ -224,14 +224,12 @@ class ApiOps:
                 "Client.submit_file); send its lines in environment.pip",
             )
             raise SpecError("request body", [issue])
+        self._check_artifacts(who, spec)
+        if self.budgets is not None:
+            self.budgets.check_queue(spec.team)  # QueueFull past its max_queued_jobs
         blob = _decode_workdir(workdir_b64)
-        ref = None
-        if blob is not None:  # stored before the job exists, so a launch always finds it
-            self.workdirs.mkdir(parents=True, exist_ok=True)
-            ref = f"{uuid.uuid4().hex}.tar.gz"
-            tmp = self.workdirs / f".{ref}.tmp"
-            tmp.write_bytes(blob)
-            tmp.replace(self.workdirs / ref)
+        # stored before the job exists, so a launch always finds it
+        ref = as_workdirs(self.workdirs).put(blob) if blob is not None else None
         job = self.store.create_job(spec, who.user, ref)
         self.notify()
         return job

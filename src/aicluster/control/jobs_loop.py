@@ -30,6 +30,7 @@ from aicluster.control.snapshot import (
     job_artifact_keys,
     job_workload,
 )
+from aicluster.control.workdirs import as_workdirs
 from aicluster.core.lifecycle import (
     JobStatus,
     Reason,
@@ -61,7 +62,7 @@ class Controller:
         store: Store,
         engine: Engine,
         logs: LogStore,
-        workdirs: Path,
+        workdirs,
         home: Path,
         clock=time.time,
         launch_threads: int = 8,
@@ -72,6 +73,7 @@ class Controller:
         quotas=None,
         artifacts=None,
         api_url: str | None = None,
+        limits=tuple,
     ):
         self.store, self.engine, self.logs = store, engine, logs
         self.notify = notify
@@ -80,6 +82,7 @@ class Controller:
         self.node_states: dict = {}  # node id -> NodeRecord, as of this tick
         self.policy = get_policy(policy)  # one object across cycles: it caches the layout
         self.quotas = quotas  # store.quotas.QuotaStore, or None (no quotas)
+        self.limits = limits  # () -> the teams' core.model.TeamLimits (control.budgets)
         # last cycle: (workload id, why it waits, what kind of wait)
         self.queue: list[tuple[str, str, WaitKind]] = []
         self.artifacts = artifacts  # control.artifacts.ArtifactService: job inputs/outputs
@@ -87,7 +90,8 @@ class Controller:
         # artifact -> nodes it was materialised on (their caches likely hold it): a soft
         # placement preference, shared with the service loop.
         self.artifact_nodes: dict[str, set[str]] = {}
-        self.workdirs, self.home, self.clock = workdirs, home, clock
+        self.workdirs = as_workdirs(workdirs)  # a folder, or control.workdirs.SharedWorkdirs
+        self.home, self.clock = home, clock
         self.launching: dict[str, Future] = {}
         self.pool = ThreadPoolExecutor(launch_threads, thread_name_prefix="launch")
         self.gc_pool = ThreadPoolExecutor(2, thread_name_prefix="collect")
@@ -478,7 +482,9 @@ class Controller:
             NodeState.RETIRED,  # an incarnation a rejoin replaced, seconds before Ray knows
         )
         quotas = tuple(self.quotas.all()) if self.quotas is not None else ()
-        snapshot = build_snapshot(self.nodes, pending_views, active_views, blocked, quotas)
+        snapshot = build_snapshot(
+            self.nodes, pending_views, active_views, blocked, quotas, self.limits()
+        )
         by_id = {j.id: j for j in pending}
         queue = []
         for decision in plan_cycle(snapshot, self.clock(), self.policy):
@@ -567,7 +573,7 @@ class Controller:
                 AICLUSTER_URL=self.api_url,
                 AICLUSTER_TOKEN=self.store.create_job_token(rec.id, attempt),
             )
-        workdir = (self.workdirs / rec.workdir).read_bytes() if rec.workdir else None
+        workdir = self.workdirs.get(rec.workdir) if rec.workdir else None
         return LaunchRequest(
             job_id=rec.id,
             attempt=attempt,
@@ -594,6 +600,7 @@ class Controller:
         """Stop gangs that no live attempt owns (cancelled mid-launch, crashed, stale);
         revoke the tokens of jobs that ended."""
         self.store.revoke_tokens_of_finished_jobs()
+        self.workdirs.collect()  # the archives of ended jobs
         for job_id, attempt in self.engine.running_gangs():
             fut = self.launching.get(job_id)
             in_flight = fut is not None and not fut.done()

@@ -1,7 +1,12 @@
-"""Worker logs kept by the control plane: one file per job, attempt and rank.
+"""Worker logs kept by the control plane: per job (or replica gang), attempt and rank.
 
-Invariant: a file only grows, and its size is the offset of the next byte to pull
-from the worker, so pulling is idempotent across control-plane restarts.
+`LogStore` keeps them in files under one folder (one control plane, and the unit tests);
+`SharedLogStore` in the state store (store.jobfiles), where every control-plane replica,
+on any machine, reads what the leader pulled: the API server uses it. Both have the same
+methods.
+
+Invariant: a log only grows, and its size is the offset of the next byte to pull from the
+worker, so pulling is idempotent across control-plane restarts and leader changes.
 """
 
 from __future__ import annotations
@@ -44,3 +49,34 @@ class LogStore:
         with open(p, "rb") as f:
             f.seek(offset)
             return f.read(limit)
+
+
+class SharedLogStore:
+    """Logs in the state store. `legacy_root`: the folder of an installation's logs from
+    before they moved there, still read (never written) for the attempts it holds."""
+
+    def __init__(self, files, legacy_root: Path | None = None):
+        self.files = files  # store.jobfiles.JobFiles
+        self.legacy = LogStore(legacy_root) if legacy_root is not None else None
+        self.root = legacy_root  # what the storage sampler counts on disk (legacy only)
+
+    def offset(self, job_id: str, attempt: int, rank: int) -> int:
+        return self.files.log_size(job_id, attempt, rank)
+
+    def append(self, job_id: str, attempt: int, rank: int, data: bytes) -> None:
+        """Add `data` where the log ends as this replica read it just before (offset()):
+        a replica that lost a race with another changes nothing and re-reads next time."""
+        if data:
+            self.files.append_log(job_id, attempt, rank, self.offset(job_id, attempt, rank), data)
+
+    def read(
+        self, job_id: str, attempt: int, rank: int, offset: int = 0, limit: int = 1 << 20
+    ) -> bytes:
+        data = self.files.read_log(job_id, attempt, rank, offset, limit)
+        if not data and self.legacy is not None and not self.offset(job_id, attempt, rank):
+            return self.legacy.read(job_id, attempt, rank, offset, limit)
+        return data
+
+    def attempts(self, job_id: str) -> list[int]:
+        found = set(self.files.log_attempts(job_id))
+        return sorted(found | set(self.legacy.attempts(job_id) if self.legacy else ()))

@@ -10,7 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from aicluster.core.model import GangRequest, NodeView, Quota, Res, RunningWorkload, Snapshot
+from aicluster.core.model import (
+    GangRequest,
+    NodeView,
+    Quota,
+    Res,
+    RunningWorkload,
+    Snapshot,
+    TeamLimit,
+)
 from aicluster.engine.protocol import NodeInfo
 from aicluster.specs.job import JobSpec
 from aicluster.specs.service import ServiceSpec
@@ -107,10 +115,11 @@ def build_snapshot(
     active: list[WorkloadView],
     unschedulable: frozenset[str] = frozenset(),
     quotas: tuple[Quota, ...] = (),
+    limits: tuple[TeamLimit, ...] = (),
 ) -> Snapshot:
     """`unschedulable`: nodes that take no new work (cordoned, draining, degraded).
     Racks come from the node label `rack`; a running workload is charged to the pool
-    of the node its rank 0 runs on."""
+    of the node its rank 0 runs on. `limits`: the teams' caps and holds (control.budgets)."""
     used = allocations(active)
     pool_of = {n.node_id: n.pool for n in nodes}
     views = tuple(
@@ -139,7 +148,11 @@ def build_snapshot(
         if w.placement
     )
     return Snapshot(
-        nodes=views, pending=tuple(w.gang() for w in pending), running=running, quotas=tuple(quotas)
+        nodes=views,
+        pending=tuple(w.gang() for w in pending),
+        running=running,
+        quotas=tuple(quotas),
+        limits=tuple(limits),
     )
 
 

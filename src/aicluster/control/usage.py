@@ -1,16 +1,18 @@
 """The accountant and the usage operations behind /v1/usage and /v1/prices.
 
-Vocabulary: a *line* is one ended job attempt in the usage ledger (store.usage): who,
-where, from RUNNING to its end, the resources it held (the job's spec: workers x
-resources) and its cost at the *rates* in force when it started. A *price* is an admin's
+Vocabulary: a *line* is one ended job attempt, or one ended replica run, in the usage
+ledger (store.usage): who, where, from RUNNING (a replica: from its placement) to its end,
+the resources it held (the job's spec: workers x resources; a replica's: its service's
+resources when it was placed) and its cost at the *rates* in force when it started. A *price* is an admin's
 rate card for a scope (pool and/or GPU model) from its effective-from time on; the most
 specific scope in force wins, rate by rate, and a GPU rate nobody set falls back to the
 planner catalog's purchase price written off over its amortisation period.
 
-Invariants: lines come only from the transitions the jobs loop records (never from
-polling); an attempt that never ran costs nothing; the accountant is a cheap step of the
-reconcile loop and may run any number of times (store.usage keys lines by job and attempt
-and moves its cursor with them).
+Invariants: lines come only from the transitions the jobs and services loops record (never
+from polling); an attempt that never ran costs nothing; the accountant is a cheap step of the
+reconcile loop and may run any number of times (store.usage keys lines by job and attempt,
+a replica run's by its workload id, and moves its cursor with them). Storage (what teams
+keep: control.usage_storage) is sampled once a UTC day and priced per GiB-month.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ from aicluster.control.api_ops import BadRequest, ForbiddenError, NotFoundError
 from aicluster.store.identity import Principal
 from aicluster.store.jobs import AttemptRecord, JobRecord
 from aicluster.store.usage import GROUPS, PriceRecord, UsageStore, UsageTotal, grand_total
+from aicluster.store.usage_replicas import ReplicaRun, RunEnd
+from aicluster.store.usage_storage import StorageSamples
 
 GiB = 2**30
 RATES = ("gpu_hour", "cpu_hour", "memory_gib_hour")
+PRICES = (*RATES, "storage_gib_month")
 MAX_SINCE_S = 10 * 366 * 86400.0  # ten years
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SINCE = re.compile(r"(\d{1,9})([smhdw])")
@@ -92,8 +97,10 @@ def rates_at(
 ) -> Rates:
     """The rates in force at `at` for a line in `pool` on `gpu_model`: for each rate, the
     price in force of the most specific scope that sets it: (pool, model), (*, model),
-    (pool, *), (*, *)."""
+    (pool, *), (*, *). A price that sets none of these rates is not a card for them."""
     gk = catalog.key(gpu_model)
+    # A price that sets only token rates (store.token_usage) or storage is no rate card here.
+    prices = [p for p in prices if any(getattr(p, n, None) is not None for n in RATES)]
     scopes = [(pool, gk), (None, gk), (pool, None), (None, None)]
     in_force: list[PriceRecord] = []
     for sp, sg in scopes:
@@ -119,8 +126,8 @@ def rates_at(
 
 
 class Accountant:
-    """Writes a ledger line for each ended job attempt, at most every `every_s` seconds,
-    reading the event log from its cursor (`batch` events a step)."""
+    """Writes a ledger line for each ended job attempt and replica run, at most every
+    `every_s` seconds, reading the event log from its cursor (`batch` events a step)."""
 
     def __init__(
         self,
@@ -130,8 +137,11 @@ class Accountant:
         every_s: float = 2.0,
         batch: int = 2000,
         catalog: GpuCatalog | None = None,
+        storage=None,
     ):
+        """`storage`: a control.usage_storage.StorageSampler, ticked with the accountant."""
         self.usage, self.nodes, self.clock = usage, nodes, clock
+        self.storage = storage
         self.every_s, self.batch = every_s, batch
         self.catalog = catalog or GpuCatalog()
         self.node_info: dict[str, tuple[str, str | None]] = {}  # node id -> (pool, GPU model)
@@ -143,41 +153,75 @@ class Accountant:
         if now - self.last < self.every_s:
             return 0
         self.last = now
-        return self.step()
+        written = self.step()
+        if self.storage is not None:
+            self.storage.tick()  # once a UTC day, in the background
+        return written
 
     def step(self) -> int:
         for n in self.nodes():  # remembered: a node may be gone by the time its job ends
             self.node_info[n.node_id] = (n.pool, n.gpu_model)
-        return self.usage.account(self.line, self.batch)
+        return self.usage.account(self.line, self.batch, self.replica_line)
+
+    def running_cost(self, job: JobRecord, now: float, prices: list[PriceRecord]) -> int:
+        """What the job's attempt running now has cost so far: the cost_micros its line
+        would have if it ended at `now` (the same rates, in force when it started, and
+        the same arithmetic)."""
+        start = job.started_at if job.started_at is not None else now
+        attempt = AttemptRecord(
+            job.attempt, list(job.placement or []), start, start, max(now, start), None
+        )
+        return self.line(job, attempt, prices)["cost_micros"]
 
     def line(self, job: JobRecord, a: AttemptRecord, prices: list[PriceRecord]) -> dict:
         res, workers = job.spec.resources, job.spec.workers
         first = a.placement[0] if a.placement else None
-        pool, model = self.node_info.get(first, (None, None))
-        gpus = workers * res.gpus
-        cpus = workers * res.cpus
-        memory = workers * res.memory
-        gpu_model = (model or res.gpu_model) if gpus else None
         ran = a.started_at is not None and a.ended_at is not None
         run_ms = max(0, round((a.ended_at - a.started_at) * 1000)) if ran else 0
-        gpu_ms, cpu_ms = gpus * run_ms, round(cpus * run_ms)
-        mem_ms = round(memory * run_ms / GiB)
-        r = rates_at(prices, pool, gpu_model, a.started_at or a.admitted_at, self.catalog)
-        cost = (gpu_ms * r.gpu_hour + cpu_ms * r.cpu_hour + mem_ms * r.memory_gib_hour) / 3.6
+        held = (workers * res.gpus, workers * res.cpus, workers * res.memory, res.gpu_model)
         return dict(
+            self._priced(first, *held, run_ms, a.started_at or a.admitted_at, prices),
             team=job.team,
             user=job.owner,
-            pool=pool,
-            gpu_model=gpu_model,
             nodes=list(a.placement),
             workers=workers,
-            gpus=gpus,
-            cpus=cpus,
-            memory=memory,
             admitted_at=a.admitted_at,
             started_at=a.started_at,
             ended_at=a.ended_at,
             end_reason=a.end_reason,
+        )
+
+    def replica_line(self, run: ReplicaRun, end: RunEnd, prices: list[PriceRecord]) -> dict:
+        """A replica run's line: from its placement to its end, what one replica holds."""
+        run_ms = max(0, round((end.ended_at - run.placed_at) * 1000))
+        held = (run.gpus, run.cpus, run.memory, run.gpu_model)
+        return dict(
+            self._priced(run.node_id, *held, run_ms, run.placed_at, prices),
+            team=run.team,
+            user=run.user,
+            nodes=[run.node_id] if run.node_id else [],
+            workers=1,
+            admitted_at=run.placed_at,
+            started_at=run.placed_at,
+            ended_at=end.ended_at,
+            end_reason=end.end_reason,
+        )
+
+    def _priced(self, node, gpus, cpus, memory, spec_model, run_ms, at, prices) -> dict:
+        """Where (pool, GPU model of `node`), what was held for `run_ms` and its cost at
+        the rates in force at `at`."""
+        pool, model = self.node_info.get(node, (None, None))
+        gpu_model = (model or spec_model) if gpus else None
+        gpu_ms, cpu_ms = gpus * run_ms, round(cpus * run_ms)
+        mem_ms = round(memory * run_ms / GiB)
+        r = rates_at(prices, pool, gpu_model, at, self.catalog)
+        cost = (gpu_ms * r.gpu_hour + cpu_ms * r.cpu_hour + mem_ms * r.memory_gib_hour) / 3.6
+        return dict(
+            pool=pool,
+            gpu_model=gpu_model,
+            gpus=gpus,
+            cpus=cpus,
+            memory=memory,
             run_ms=run_ms,
             gpu_ms=gpu_ms,
             cpu_ms=cpu_ms,
@@ -245,6 +289,7 @@ class UsageOps:
     usage: UsageStore
     team_exists: Callable[[str], bool]
     catalog: GpuCatalog = field(default_factory=GpuCatalog)
+    storage: StorageSamples | None = None  # the storage samples (control.usage_storage)
 
     def _scope(self, who: Principal, team: str | None) -> str | None:
         if not who.is_admin:
@@ -264,7 +309,7 @@ class UsageOps:
         groups = self.usage.totals(by, start, None, team) if by else []
         # One pass: every line is in exactly one group, so their sum is the total.
         (total,) = [grand_total(groups)] if by else self.usage.totals(None, start, None, team)
-        return {
+        report = {
             "since": start,
             "until": now,
             "team": team,
@@ -272,6 +317,11 @@ class UsageOps:
             "groups": [total_json(g) for g in groups],
             "total": total_json(total),
         }
+        if self.storage is not None:
+            from aicluster.control.usage_storage import storage_report
+
+            report["storage"] = storage_report(self.storage, self.usage.prices(), start, team)
+        return report
 
     def lines(
         self, who: Principal, since: str, team: str | None, limit: int, after: int
@@ -290,9 +340,16 @@ class UsageOps:
     ) -> PriceRecord:
         if not who.is_admin:
             raise ForbiddenError("this needs an admin token")
-        if all(rates.get(n) is None for n in RATES):
+        if all(rates.get(n) is None for n in PRICES):
             raise BadRequest(
-                "set at least one of gpu_hour, cpu_hour, memory_gib_hour", field="gpu_hour"
+                "set at least one of gpu_hour, cpu_hour, memory_gib_hour, storage_gib_month",
+                field="gpu_hour",
+            )
+        if rates.get("storage_gib_month") is not None and (pool or gpu_model):
+            raise BadRequest(
+                "storage_gib_month: storage is priced for every pool and GPU model "
+                "(set it without pool and gpu_model)",
+                field="storage_gib_month",
             )
         now = self.usage.clock()
         if effective_from is None:

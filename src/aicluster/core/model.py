@@ -5,8 +5,10 @@ Vocabulary:
 - GangRequest: a pending workload — `workers` identical workers of `per_worker` resources.
 - Placement: for each rank (0..workers-1) the node id it runs on.
 - Snapshot: every node plus the pending gangs in queue order, frozen; optionally the
-  running workloads and the team quotas (Kueue vocabulary: a Quota is a team's nominal
-  quota in one pool, teams lend unused quota to others of their cohort).
+  running workloads, the team quotas (Kueue vocabulary: a Quota is a team's nominal
+  quota in one pool, teams lend unused quota to others of their cohort) and the team
+  limits (a TeamLimit: a cap on the GPUs a team holds at once, whatever its quotas allow,
+  and a hold on its new work, as Kueue's stopPolicy: Hold).
 - Decisions: Admit(workload, placement) | Preempt(workload, reason)
   | Wait(workload, reason, kind): `kind` (a WaitKind) says what keeps it waiting, `reason`
   is the sentence for the user; code decides on the kind, never on the sentence.
@@ -147,6 +149,21 @@ class Quota:
 
 
 @dataclass(frozen=True)
+class TeamLimit:
+    """Limits on team `team` beyond its quotas (the control plane sets them from its budget).
+
+    - max_gpus: the most GPUs its running workloads may hold at once, in all pools
+      together; None = no cap. A gang needing more could never fit.
+    - held: why none of its pending workloads may start now (its monthly budget is spent),
+      a sentence for the user; None = not held. Running work is not touched.
+    """
+
+    team: str
+    max_gpus: int | None = None
+    held: str | None = None
+
+
+@dataclass(frozen=True)
 class Snapshot:
     nodes: tuple[NodeView, ...]
     pending: tuple[GangRequest, ...]  # in arrival order; policies reorder as they see fit
@@ -155,6 +172,7 @@ class Snapshot:
     # (team, pool, resources held) summed over `running`; None: computed from `running`.
     # A caller that keeps it up to date saves the scheduler a pass over every workload.
     usage: tuple[tuple[str, str, Res], ...] | None = None
+    limits: tuple[TeamLimit, ...] = ()  # at most one per team
 
 
 @dataclass(frozen=True)
@@ -174,6 +192,8 @@ class WaitKind(StrEnum):
     BACKFILL_RESERVATION = "backfill_reservation"  # starting would delay a reserved gang
     PREEMPTING = "preempting"  # workloads are being preempted to make room for it
     NEVER_FITS = "never_fits"  # not even the empty cluster (or its quota ceiling) could hold it
+    TEAM_CAP = "team_cap"  # its team holds as many GPUs as its cap (max_gpus) allows
+    BUDGET = "budget"  # its team is held: over its monthly budget, which is enforced
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,13 @@
   and is in the "default" cohort; with no quotas at all, every pool is one shared
   partition.
 - `Quota.cpus` / `Quota.memory`, when given, cap the team's use of them in the pool.
+- A team's *cap* (`TeamLimit.max_gpus`) bounds the GPUs it holds in all pools together,
+  whatever its quotas would allow; every rule below refuses what would pass it.
 
 Invariant: starting from a book where it held, after any `charge` that `admissible`
 allowed, each team's usage <= guarantee + borrowing limit, the CPU/memory caps hold,
-and every cohort's borrowed total <= its lendable total in each pool.
+each team's GPUs in all pools <= its cap, and every cohort's borrowed total <= its
+lendable total in each pool.
 """
 
 from __future__ import annotations
@@ -73,7 +76,9 @@ class QuotaBook:
     def sync_usage(self, snapshot: Snapshot) -> None:
         """Make each account's usage what the snapshot says, touching only the accounts
         whose usage changed since the last sync (the values are set, not accumulated, so
-        they are exactly those of a book built from the snapshot)."""
+        they are exactly those of a book built from the snapshot); the teams' caps are the
+        snapshot's."""
+        self.caps = {t.team: t.max_gpus for t in snapshot.limits if t.max_gpus is not None}
         rows = snapshot.usage
         if rows is not None and rows is self._synced:
             return
@@ -131,6 +136,7 @@ class QuotaBook:
         self.team_cohort: dict[str, tuple[str, float]] = {}  # team -> (cohort, weight)
         self.unassigned: dict[str, float] = {}  # pool -> GPUs no quota covers
         self.shared_used: dict[str, float] = {}  # pool -> GPUs used by teams without quota
+        self.team_gpus: dict[str, float] = {}  # team -> GPUs it holds in all pools
         for q in sorted(quotas, key=lambda q: (q.pool, q.team)):
             self._open(q)
         for pool, gpus in sorted(pool_gpus.items()):
@@ -180,15 +186,33 @@ class QuotaBook:
     def within_guarantee(self, team: str, pool: str, need: Res) -> bool:
         """Usage + need stays within the guarantee (and the CPU/memory caps)."""
         a = self.account(team, pool)
-        return a.used.gpus + need.gpus <= a.guaranteed and self._caps_ok(a, need)
+        return (
+            a.used.gpus + need.gpus <= a.guaranteed
+            and self._caps_ok(a, need)
+            and self.over_cap(team, need) is None
+        )
 
     def ceiling(self, team: str, pool: str) -> float:
         """The most GPUs the team could ever hold in the pool: guarantee + borrowing limit."""
         a = self.account(team, pool)
         return a.guaranteed + a.borrow_limit
 
+    def over_cap(self, team: str, need: Res) -> str | None:
+        """Why holding `need` more would take the team past its cap, or None (work that
+        needs no GPU never does)."""
+        cap = self.caps.get(team)
+        held = self.team_gpus.get(team, 0.0)
+        if cap is None or not need.gpus or held + need.gpus <= cap:
+            return None
+        return (
+            f"team {team} holds {held:g} GPUs of its max_gpus cap of {cap}, needs {need.gpus} more"
+        )
+
     def admissible(self, team: str, pool: str, need: Res, borrow: bool = True) -> str | None:
         """None if charging `need` keeps every invariant; else a reason a user can act on."""
+        capped = self.over_cap(team, need)
+        if capped is not None:
+            return capped
         a = self.account(team, pool)
         if not self._caps_ok(a, need):
             return f"quota of team {team} in pool {pool}: CPU or memory cap reached"
@@ -220,6 +244,9 @@ class QuotaBook:
     def fits_partition(self, team: str, pool: str, need: Res) -> str | None:
         """Strict partitions (fifo, backfill): None if `need` fits the team's guarantee,
         or for a team without quota the pool's unassigned GPUs; else why not."""
+        capped = self.over_cap(team, need)
+        if capped is not None:
+            return capped
         a = self.account(team, pool)
         if a.has_quota:
             return self.admissible(team, pool, need, borrow=False)
@@ -274,12 +301,14 @@ class QuotaBook:
         if dl:
             self.lendable[key] = self.lendable.get(key, 0.0) + dl
         a.used = a.used + delta
+        if delta.gpus:
+            self.team_gpus[a.team] = self.team_gpus.get(a.team, 0.0) + delta.gpus
         if not a.has_quota:
             self.shared_used[a.pool] = self.shared_used.get(a.pool, 0.0) + delta.gpus
 
 
 # the totals a charge changes (or an account opened during a cycle adds to)
-_TOTALS = ("borrowed", "lendable", "team_borrowed", "cohort_gpus", "shared_used")
+_TOTALS = ("borrowed", "lendable", "team_borrowed", "cohort_gpus", "shared_used", "team_gpus")
 
 
 def _usage(snapshot: Snapshot) -> list[tuple[str, str, Res]]:

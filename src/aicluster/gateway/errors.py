@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from fastapi.responses import JSONResponse
 
@@ -14,11 +15,29 @@ def openai_error(
     return JSONResponse(body, status_code=status)
 
 
-def unauthorized() -> JSONResponse:
-    resp = openai_error(
-        401, "missing or invalid API token", "authentication_error", "invalid_api_key"
-    )
+def unauthorized_message(refusal=None) -> str:
+    """Why a token was refused: the API server's words (api.app) for a known token that
+    is expired or revoked (store.identity.Refusal), and when; else the usual."""
+    if refusal is None:
+        return "missing or invalid API token"
+    at = ""
+    if refusal.at is not None:
+        at = " at " + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(refusal.at))
+    return f"API token {refusal.why}{at}: ask an admin for a new one"
+
+
+def unauthorized(refusal=None) -> JSONResponse:
+    code = "invalid_api_key" if refusal is None else f"{refusal.why}_api_key"
+    resp = openai_error(401, unauthorized_message(refusal), "authentication_error", code)
     resp.headers["WWW-Authenticate"] = "Bearer"
+    return resp
+
+
+def rate_limited(refused) -> JSONResponse:
+    """A request over a rate limit (gateway.ratelimit.Refused): 429, Retry-After, and
+    OpenAI's body (type `requests` or `tokens`, code `rate_limit_exceeded`)."""
+    resp = openai_error(429, refused.message, refused.kind, "rate_limit_exceeded")
+    resp.headers["Retry-After"] = str(refused.retry_after_s)
     return resp
 
 

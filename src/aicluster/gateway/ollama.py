@@ -18,6 +18,9 @@ Invariants:
   would give (a malformed field is a 400 naming it); a stream that breaks after its first
   line ends with an `{"error": ...}` line, as Ollama's do.
 - `/api/embed` on a service whose engine has no embeddings route is a 501.
+- Rate limits and usage as on the OpenAI routes (`Gateway.over_limit`, `Gateway.record`):
+  a 429 with Retry-After in Ollama's shape; tokens from the engine's usage (asked for on
+  every stream), else one completion token per content chunk.
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 
 from aicluster.gateway.bodies import BodyError, parse
+from aicluster.gateway.errors import unauthorized_message
 from aicluster.gateway.streams import Opened, ProxiedStream, read_bounded, read_upstream
 from aicluster.specs.limits import MAX_OPENAI_BODY_BYTES as MAX_BODY_BYTES
+from aicluster.store.identity import Principal
 
 if TYPE_CHECKING:
     from aicluster.gateway.proxy import Gateway
@@ -66,6 +71,10 @@ class BadField(Exception):
 
 def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def unauthorized(refusal=None) -> JSONResponse:
+    return error(401, unauthorized_message(refusal), {"WWW-Authenticate": "Bearer"})
 
 
 def from_openai(resp: Response) -> JSONResponse:
@@ -237,11 +246,20 @@ class _Tally:
         self.first: float | None = None
         self.prompt_tokens = self.completion_tokens = 0
         self.finish: Any = None
+        self.reported = False  # the engine reported its usage
+        self.chunks = 0  # content chunks streamed
 
     def usage(self, usage: Any) -> None:
         if isinstance(usage, dict):
+            self.reported = True
             self.prompt_tokens = usage.get("prompt_tokens") or 0
             self.completion_tokens = usage.get("completion_tokens") or 0
+
+    def tokens(self) -> tuple[int, int]:
+        """(prompt, completion) tokens, for the usage records (gateway.usage)."""
+        if self.reported:
+            return _count(self.prompt_tokens), _count(self.completion_tokens)
+        return 0, self.chunks
 
     def final(self) -> dict[str, Any]:
         end = time.monotonic()
@@ -295,6 +313,7 @@ async def _ndjson(
                 tally.finish = choice.get("finish_reason") or tally.finish
                 text, calls = _piece(choice, upstream_chat)
                 if text or calls:
+                    tally.chunks += 1
                     if tally.first is None:
                         tally.first = time.monotonic()
                         opened.on_first()
@@ -339,6 +358,7 @@ class OllamaRoutes:
             401: {"description": "missing or invalid API token"},
             404: {"description": "no such model for this caller"},
             413: {"description": "the body is larger than the gateway accepts"},
+            429: {"description": "over a rate limit of the team or token, with Retry-After"},
             501: {"description": "(embed) the service's engine has no embeddings"},
             503: {"description": "no replica could answer, or none became ready in time"},
         }
@@ -350,11 +370,15 @@ class OllamaRoutes:
         r.add_api_route("/api/version", self.version, methods=["GET"], responses={401: doc[401]})
         return r
 
-    async def _read(self, request: Request):
-        """(caller, body, model as spelled, service) or an error answer."""
+    async def _read(self, request: Request, limited: bool = True):
+        """(caller, body, model as spelled, service) or an error answer (`limited`: the
+        caller's rate limits apply)."""
         who = self.gw.who(request.headers)
-        if who is None:
-            return error(401, "missing or invalid API token", {"WWW-Authenticate": "Bearer"})
+        if not isinstance(who, Principal):
+            return unauthorized(who)
+        refused = self.gw.over_limit(who) if limited else None
+        if refused is not None:
+            return error(429, refused.message, {"Retry-After": str(refused.retry_after_s)})
         raw = await read_bounded(request, MAX_BODY_BYTES)
         if raw is None:
             return error(413, f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB")
@@ -374,7 +398,7 @@ class OllamaRoutes:
         got = await self._read(request)
         if isinstance(got, Response):
             return got
-        _who, doc, model, ep = got
+        who, doc, model, ep = got
         served = ep.served_model or ep.name
         try:
             if chat_route:
@@ -398,9 +422,13 @@ class OllamaRoutes:
             {"content-type": "application/json"},
         )
         if not isinstance(opened, Opened):
+            self.gw.record(who, ep, 0, 0, error=True)
             return from_openai(opened)
         if not stream:
-            return await _whole(opened, model, chat, upstream_chat, tally)
+            answer = await _whole(opened, model, chat, upstream_chat, tally)
+            self.gw.record(who, ep, *tally.tokens(), error=answer.status_code >= 400)
+            return answer
+        self.gw.on_close(opened, lambda: self.gw.record(who, ep, *tally.tokens()))
         return ProxiedStream(
             _ndjson(opened, model, chat, upstream_chat, tally),
             media_type="application/x-ndjson",
@@ -417,7 +445,7 @@ class OllamaRoutes:
         got = await self._read(request)
         if isinstance(got, Response):
             return got
-        _who, doc, model, ep = got
+        who, doc, model, ep = got
         inputs = doc.get("input", doc.get("prompt"))
         if isinstance(inputs, str):
             inputs = [inputs]
@@ -436,6 +464,7 @@ class OllamaRoutes:
             {"content-type": "application/json"},
         )
         if not isinstance(opened, Opened):
+            self.gw.record(who, ep, 0, 0, error=True)
             if opened.status_code in (404, 405):
                 return error(501, f"model '{model}' (engine {ep.engine}) does not serve embeddings")
             return from_openai(opened)
@@ -444,10 +473,12 @@ class OllamaRoutes:
             rows = sorted(answer["data"], key=lambda d: d.get("index", 0))
             vectors = [d["embedding"] for d in rows]
         except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+            self.gw.record(who, ep, 0, 0, error=True)
             return error(502, "the replica's embeddings could not be read")
         finally:
             await opened.close()
         usage = answer.get("usage") or {}
+        self.gw.record(who, ep, _count(usage.get("prompt_tokens")), 0)
         return JSONResponse(
             {
                 "model": model,
@@ -460,8 +491,8 @@ class OllamaRoutes:
 
     async def tags(self, request: Request) -> Response:
         who = self.gw.who(request.headers)
-        if who is None:
-            return error(401, "missing or invalid API token", {"WWW-Authenticate": "Bearer"})
+        if not isinstance(who, Principal):
+            return unauthorized(who)
         home = who.team or "default"
         models = []
         for ep in self.gw.visible(who):
@@ -470,7 +501,7 @@ class OllamaRoutes:
         return JSONResponse({"models": models})
 
     async def show(self, request: Request) -> Response:
-        got = await self._read(request)
+        got = await self._read(request, limited=False)
         if isinstance(got, Response):
             return got
         _who, _doc, _model, ep = got
@@ -495,9 +526,14 @@ class OllamaRoutes:
         )
 
     async def version(self, request: Request) -> Response:
-        if self.gw.who(request.headers) is None:
-            return error(401, "missing or invalid API token", {"WWW-Authenticate": "Bearer"})
+        who = self.gw.who(request.headers)
+        if not isinstance(who, Principal):
+            return unauthorized(who)
         return JSONResponse({"version": VERSION})
+
+
+def _count(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
 
 
 def _model_facts(ep) -> dict[str, Any]:

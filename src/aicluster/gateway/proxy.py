@@ -21,6 +21,10 @@ Invariants:
 - Routing sees each replica's own load as last scraped from its `/metrics`
   (`gateway.load`) next to this gateway's outstanding counts.
 - Bodies are bounded (`MAX_BODY_BYTES`) before parsing; JSON nested too deeply is a 400.
+- A refused token's 401 says why when the token is known: expired or revoked, and when.
+- Rate limits (`gateway.ratelimit`) are checked after authentication, before the body is
+  read: a request over one gets a 429 with Retry-After. Every request that reached a
+  service is recorded once its answer completes (`gateway.usage`), from memory only.
 """
 
 from __future__ import annotations
@@ -39,10 +43,13 @@ from aicluster.gateway import errors
 from aicluster.gateway.bodies import BodyError, parse
 from aicluster.gateway.load import LoadScraper
 from aicluster.gateway.ollama import OllamaRoutes
+from aicluster.gateway.ratelimit import Limiter
 from aicluster.gateway.schemas import ERROR_RESPONSES, openapi_extra
 from aicluster.gateway.streams import Opened, passthrough, read_bounded, read_upstream
+from aicluster.gateway.usage import UsageRecorder, meter_for
 from aicluster.runtime.replica_auth import SECRET_HEADER
 from aicluster.specs.limits import MAX_OPENAI_BODY_BYTES
+from aicluster.store.identity import Principal
 
 MAX_ATTEMPTS = 3
 MAX_BODY_BYTES = MAX_OPENAI_BODY_BYTES  # the API's limit too: one bound, wherever it runs
@@ -71,8 +78,11 @@ class Gateway:
         hold_timeout_s: float = 120.0,
         metrics=None,
         scrape_interval_s: float | None = 1.0,
+        usage: UsageRecorder | None = None,
+        limiter: Limiter | None = None,
     ):
         self.table, self.authenticate, self.clock = table, authenticate, clock
+        self.usage, self.limiter = usage, limiter
         self.metrics = metrics  # control.metrics.Metrics, or None
         self.hold_timeout_s = hold_timeout_s
         self._policies: dict[tuple[str, str], tuple[tuple, RoutingPolicy]] = {}
@@ -112,8 +122,8 @@ class Gateway:
         @r.get("/v1/models", responses={401: ERROR_RESPONSES[401]})
         async def models(request: Request):
             who = self.who(request.headers)
-            if who is None:
-                return errors.unauthorized()
+            if not isinstance(who, Principal):
+                return errors.unauthorized(who)
             home = who.team or "default"
             data = [
                 {
@@ -139,7 +149,8 @@ class Gateway:
         return r
 
     def who(self, headers: Mapping[str, str]):
-        """The caller of a request with these headers (a bearer token), or None."""
+        """The caller of a request with these headers (a bearer token): a Principal; a
+        Refusal (store.identity) for a known token that no longer works; else None."""
         scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             return None
@@ -160,8 +171,11 @@ class Gateway:
     def _handler(self, path: str):
         async def handle(request: Request):
             who = self.who(request.headers)
-            if who is None:
-                return errors.unauthorized()
+            if not isinstance(who, Principal):
+                return errors.unauthorized(who)
+            refused = self.over_limit(who)
+            if refused is not None:
+                return errors.rate_limited(refused)
             raw = await read_bounded(request, MAX_BODY_BYTES)
             if raw is None:
                 return errors.too_large(MAX_BODY_BYTES)
@@ -178,10 +192,39 @@ class Gateway:
             headers = {"content-type": request.headers.get("content-type", "application/json")}
             opened = await self.open(ep, path, raw, body.doc, request.headers, headers)
             if not isinstance(opened, Opened):
+                self.record(who, ep, 0, 0, error=True)
                 return opened
-            return passthrough(opened)
+            meter = meter_for(opened.upstream.headers)
+            self.on_close(opened, lambda: self.record(who, ep, *meter.tokens()))
+            return passthrough(opened, meter.feed)
 
         return handle
+
+    def over_limit(self, who: Principal):
+        """The refusal (gateway.ratelimit.Refused) when `who` is over a rate limit."""
+        return self.limiter.admit(who) if self.limiter is not None else None
+
+    def record(
+        self,
+        who: Principal,
+        ep: ServiceEndpoints,
+        prompt: int,
+        completion: int,
+        error: bool = False,
+    ) -> None:
+        """A request to `ep` completed: its usage recorded, its tokens charged to the
+        caller's tokens-per-minute buckets (memory only)."""
+        if self.usage is not None:
+            model = ep.served_model or ep.name
+            self.usage.record(who, f"{ep.team}/{ep.name}", model, prompt, completion, error)
+        if self.limiter is not None:
+            self.limiter.charge(who, prompt + completion)
+
+    @staticmethod
+    def on_close(opened: Opened, then: Callable[[], object]) -> None:
+        """Run `then` after the request is counted finished (whatever else on_done does)."""
+        inner = opened.on_done
+        opened.on_done = lambda: _then(inner, then)
 
     async def open(
         self,

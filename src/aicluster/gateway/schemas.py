@@ -67,13 +67,22 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         "description": "the body is not a JSON object, nests too "
         "deeply, or has no `model`; or the engine refused a field",
     },
-    401: {"model": OpenAIError, "description": "missing or invalid API token"},
+    401: {
+        "model": OpenAIError,
+        "description": "missing or invalid API token; an expired or revoked one says which",
+    },
     404: {
         "model": OpenAIError,
         "description": "no such model for this caller (another "
         "team's service is not found), or the engine's own 404",
     },
     413: {"model": OpenAIError, "description": "the body is larger than the gateway accepts"},
+    429: {
+        "model": OpenAIError,
+        "description": "the caller's team or token is over a rate limit (requests/s or "
+        "tokens/min; type `requests` or `tokens`, code `rate_limit_exceeded`), with "
+        "Retry-After",
+    },
     503: {
         "model": OpenAIError,
         "description": "no replica could answer; or none became ready within the hold time "

@@ -78,8 +78,11 @@ class ProxiedStream(StreamingResponse):
                 await background()
 
 
-def passthrough(opened: Opened) -> StreamingResponse:
-    """The replica's answer as it comes: status, a few headers, the body's bytes."""
+def passthrough(
+    opened: Opened, observe: Callable[[bytes], None] | None = None
+) -> StreamingResponse:
+    """The replica's answer as it comes: status, a few headers, the body's bytes (each
+    also handed to `observe`, as it passes: gateway.usage reads the usage from them)."""
     upstream = opened.upstream
 
     async def body():
@@ -88,6 +91,8 @@ def passthrough(opened: Opened) -> StreamingResponse:
             if first and chunk:
                 first = False
                 opened.on_first()
+            if observe is not None:
+                observe(chunk)
             yield chunk
 
     keep = {

@@ -6,10 +6,14 @@ written in one transaction, guarded by compare-and-set on the old status.
 
 from aicluster.store import (  # noqa: F401 - tables
     audit_schema,
+    budget_schema,
+    jobfiles_schema,
     lease_schema,
     node_schema,
     quota_schema,
+    rate_limits_schema,
     service_schema,
+    token_usage_schema,
     usage_schema,
 )
 from aicluster.store.artifacts import schema as _artifact_tables  # noqa: F401 - on Base.metadata

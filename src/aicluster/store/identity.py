@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -44,6 +44,7 @@ class Principal:
     role: str  # admin | member | viewer
     job_id: str | None = None
     job_name: str | None = None
+    token_id: int | None = field(default=None, compare=False)  # the token it called with
 
     @property
     def is_admin(self) -> bool:
@@ -238,7 +239,7 @@ class IdentityStore:
     def _principal(self, s, row: TokenRow) -> Principal | None:
         user = s.get(UserRow, row.user)
         if row.scope != "job":
-            return Principal(user.name, user.team, user.role)
+            return Principal(user.name, user.team, user.role, token_id=row.id)
         job = s.scalars(select(JobRow).where(JobRow.id == row.job_id)).first()
         if job is None or job.status not in ("ADMITTED", "RUNNING") or job.attempt != row.attempt:
             return None

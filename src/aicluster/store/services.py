@@ -1,7 +1,8 @@
 """Services and replicas in the state store.
 
 Invariant: a replica's status only moves along core.replica's table, with an
-Event in the same transaction (compare-and-set on the old status).
+Event in the same transaction (compare-and-set on the old status); its placement also
+records the facts of its run for the usage ledger (store.usage_replicas).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from aicluster.store.errors import Conflict, NotFound
 from aicluster.store.jobs import fields_of
 from aicluster.store.schema import TeamRow
 from aicluster.store.service_schema import ReplicaRow, ServiceRow
+from aicluster.store.usage_replicas import record_run
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,9 @@ class ServiceStore:
             if res.rowcount != 1:
                 return None
             row = s.get(ReplicaRow, rid)
+            if dst == ReplicaStatus.STARTING:  # placed: the usage ledger's run begins
+                svc = s.get(ServiceRow, row.service_seq)
+                record_run(s, rid, row.team, svc, row.node_id, now)
             self.store._event(
                 s,
                 "replica",

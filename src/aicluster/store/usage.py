@@ -1,13 +1,17 @@
-"""The usage ledger in the state store: lines of ended job attempts, prices, reports.
+"""The usage ledger in the state store: lines of ended job attempts and of ended replica
+runs (store.usage_replicas), prices, reports.
 
-Invariants: a line is keyed by (job id, attempt), so accounting twice never counts twice;
+Invariants: a line is keyed by (job id, attempt) (a replica run's: its workload id, 1), so
+accounting twice never counts twice;
 the accountant's cursor (the last event id read) moves in the same transaction as the lines
 it writes, so a crash leaves neither a gap nor a double count. The accountant reads
 the event log no further than the event horizon (JobStore.event_horizon: at or below it every
 id is committed or never will be), which lets a cursor be an id on SQLite and PostgreSQL.
 Report totals are sums of integer columns: exactly the sum of their lines. The daily sums
-(per team, user, pool and GPU model; and per team alone) are written in the transaction
-that writes their lines, so they are always exactly the sums of the lines.
+(per team, user, pool and GPU model; per team and service; per team alone) are written in
+the transaction that writes their lines, so they are always exactly the sums of the lines.
+Lost work: the GPU time of job attempts that ended by a RequeueCause in LOST and of replica
+runs that ended by a reason in usage_replicas.LOST.
 """
 
 from __future__ import annotations
@@ -16,18 +20,21 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import case, func, insert, select
+from sqlalchemy import and_, case, func, insert, or_, select
 from sqlalchemy.orm import Session
 
 from aicluster.core.lifecycle import JobStatus, RequeueCause
 from aicluster.store.db import Store
 from aicluster.store.jobs import AttemptRecord, EventRecord, JobRecord, attempts_of, fields_of
 from aicluster.store.schema import EventRow, JobRow
+from aicluster.store.usage_replicas import LOST as REPLICA_LOST
+from aicluster.store.usage_replicas import ReplicaLineMaker, account_runs, run_ends
 from aicluster.store.usage_schema import (
     PriceRow,
     UsageCursorRow,
     UsageDailyRow,
     UsageLineRow,
+    UsageServiceDailyRow,
     UsageTeamDailyRow,
 )
 
@@ -41,6 +48,8 @@ GROUPS = {
     "pool": UsageLineRow.pool,
     "gpu_model": UsageLineRow.gpu_model,
     "end_reason": UsageLineRow.end_reason,
+    "service": UsageLineRow.service,
+    "kind": UsageLineRow.kind,
 }
 # The groupings the daily sums keep (reports by these over whole days read the sums).
 DAILY_GROUPS = {
@@ -48,6 +57,11 @@ DAILY_GROUPS = {
     "user": UsageDailyRow.user,
     "pool": UsageDailyRow.pool,
     "gpu_model": UsageDailyRow.gpu_model,
+}
+# The groupings the per-service daily sums keep (a job's line has service '').
+SERVICE_GROUPS = {
+    "service": UsageServiceDailyRow.service,
+    "kind": case((UsageServiceDailyRow.service == "", "job"), else_="replica"),
 }
 SUMS = ("lines", "run_ms", "gpu_ms", "cpu_ms", "memory_gib_ms", "lost_gpu_ms", "cost_micros")
 DAY = 86400
@@ -73,6 +87,7 @@ class PriceRecord:
     gpu_hour: float | None
     cpu_hour: float | None
     memory_gib_hour: float | None
+    storage_gib_month: float | None
     effective_from: float
     created_at: float
     actor: str | None
@@ -87,6 +102,8 @@ class UsageLine:
     id: int
     job_id: str
     attempt: int
+    kind: str  # job | replica
+    service: str | None
     team: str
     user: str
     pool: str | None
@@ -126,7 +143,7 @@ class UsageTotal:
     gpu_ms: int
     cpu_ms: int
     memory_gib_ms: int
-    lost_gpu_ms: int  # of attempts preempted or lost with their node or worker
+    lost_gpu_ms: int  # of attempts and replicas preempted or lost with their node or worker
     cost_micros: int
 
 
@@ -164,7 +181,7 @@ class UsageStore:
                     PriceRow.effective_from == effective_from,
                 )
             ).first() or PriceRow(pool=pool, gpu_model=gpu_model, effective_from=effective_from)
-            for name in ("gpu_hour", "cpu_hour", "memory_gib_hour"):
+            for name in ("gpu_hour", "cpu_hour", "memory_gib_hour", "storage_gib_month"):
                 setattr(row, name, rates.get(name))
             row.created_at, row.actor = self.clock(), actor
             s.add(row)
@@ -187,10 +204,16 @@ class UsageStore:
             row = s.get(UsageCursorRow, CURSOR)
             return row.event_id if row else 0
 
-    def account(self, make_line: LineMaker, limit: int = 2000) -> int:
+    def account(
+        self,
+        make_line: LineMaker,
+        limit: int = 2000,
+        make_replica_line: ReplicaLineMaker | None = None,
+    ) -> int:
         """Read up to `limit` events after the cursor; write a line for every ended attempt
-        of the jobs whose attempts ended there and that has none yet; move the cursor. One
-        transaction. Returns the number of lines written."""
+        of the jobs whose attempts ended there and for every replica run that ended there,
+        that has none yet; move the cursor. One transaction. Returns the number of lines
+        written."""
         horizon = self.store.event_horizon()
         with self._session.begin() as s:
             cur = s.get(UsageCursorRow, CURSOR)
@@ -204,6 +227,8 @@ class UsageStore:
                     EventRow.type,
                     EventRow.from_status,
                     EventRow.to_status,
+                    EventRow.ts,
+                    EventRow.reason,
                 )
                 .where(EventRow.id > after, *below)
                 .order_by(EventRow.id)
@@ -219,11 +244,20 @@ class UsageStore:
                 and r.from_status in _IN_ATTEMPT
                 and r.to_status != JobStatus.RUNNING.value
             )
-            prices = [PriceRecord.of(p) for p in s.scalars(select(PriceRow))] if ended else []
+            runs = run_ends(rows)
+            if runs and make_replica_line is None:
+                raise ValueError("replica runs ended: account() needs make_replica_line")
+            prices = []
+            if ended or runs:
+                prices = [PriceRecord.of(p) for p in s.scalars(select(PriceRow))]
             new: list[dict] = []
             ids = list(ended)
             for i in range(0, len(ids), BATCH):
                 new += self._account_jobs(s, ids[i : i + BATCH], make_line, prices)
+            rids = list(runs)
+            for i in range(0, len(rids), BATCH):
+                part = {r: runs[r] for r in rids[i : i + BATCH]}
+                new += account_runs(s, part, make_replica_line, prices)
             if new:
                 now = self.clock()
                 s.execute(insert(UsageLineRow), [dict(x, accounted_at=now) for x in new])
@@ -266,7 +300,8 @@ class UsageStore:
             for a in attempts_of(events[job_id]):
                 if a.ended_at is None or a.attempt in done[job_id]:
                     continue
-                new.append(dict(make_line(job, a, prices), job_id=job_id, attempt=a.attempt))
+                line = dict(make_line(job, a, prices), job_id=job_id, attempt=a.attempt)
+                new.append(dict(line, kind="job", service=None))
                 done[job_id].add(a.attempt)
         return new
 
@@ -274,18 +309,21 @@ class UsageStore:
         """Add `lines` to the daily sums, both kinds (in the transaction that writes them)."""
         fine: dict[tuple, list[int]] = {}
         by_team: dict[tuple, list[int]] = {}
+        by_service: dict[tuple, list[int]] = {}
         for x in lines:
             day = math.floor(x["ended_at"] / DAY)
-            lost = x["gpu_ms"] if x["end_reason"] in LOST else 0
+            lost = x["gpu_ms"] if is_lost(x.get("kind", "job"), x["end_reason"]) else 0
             values = (1, x["run_ms"], x["gpu_ms"], x["cpu_ms"], x["memory_gib_ms"], lost)
             values = (*values, x["cost_micros"])
             key = (day, x["team"], x["user"], x["pool"] or "", x["gpu_model"] or "")
-            for acc, k in ((fine, key), (by_team, key[:2])):
+            service = (day, x["team"], x.get("service") or "")
+            for acc, k in ((fine, key), (by_team, key[:2]), (by_service, service)):
                 sums = acc.setdefault(k, [0] * len(SUMS))
                 for i, v in enumerate(values):
                     sums[i] += v
         _add_sums(s, UsageDailyRow, ("day", "team", "user", "pool", "gpu_model"), fine)
         _add_sums(s, UsageTeamDailyRow, ("day", "team"), by_team)
+        _add_sums(s, UsageServiceDailyRow, ("day", "team", "service"), by_service)
 
     # -- reports ----------------------------------------------------------------------
 
@@ -309,13 +347,17 @@ class UsageStore:
         """Sums of the lines that ended in [since, until) (of `team`), one per value of the
         `by` column (GROUPS), biggest cost first; by None: the grand total alone. Without
         `until`, whole UTC days come from the daily sums (by team or in all: the team's
-        daily sums) and only the lines of the first, partial day are read (from the index
-        that covers their sums); the figures are the same integers either way."""
-        if until is not None or (by is not None and by not in DAILY_GROUPS):
+        daily sums; by service or kind: the per-service ones) and only the lines of the
+        first, partial day are read (from the index that covers their sums); the figures
+        are the same integers either way."""
+        daily = by is None or by in DAILY_GROUPS or by in SERVICE_GROUPS
+        if until is not None or not daily:
             return _ordered(_merged(self._line_totals(by, since, until, team), by))
         first_day = None if since is None else math.ceil(since / DAY)
         if by in (None, "team"):
             parts = self._team_daily_totals(by, first_day, team)
+        elif by in SERVICE_GROUPS:
+            parts = self._service_daily_totals(by, first_day, team)
         else:
             parts = self._daily_totals(by, first_day, team)
         if since is not None:
@@ -331,8 +373,8 @@ class UsageStore:
         return self._grouped(T.team if by == "team" else None, sums, where)
 
     def _line_totals(self, by, since, until, team) -> list[tuple]:
-        lost = case((UsageLineRow.end_reason.in_(LOST), UsageLineRow.gpu_ms), else_=0)
         L = UsageLineRow
+        lost = case((_lost_sql(), L.gpu_ms), else_=0)
         cols = (L.run_ms, L.gpu_ms, L.cpu_ms, L.memory_gib_ms, lost, L.cost_micros)
         return self._grouped(
             GROUPS.get(by), (func.count(), *map(func.sum, cols)), (self._where(since, until, team))
@@ -346,6 +388,17 @@ class UsageStore:
         sums = tuple(func.sum(getattr(D, n)) for n in SUMS)
         rows = self._grouped(DAILY_GROUPS.get(by), sums, where)
         if by in ("pool", "gpu_model"):  # stored as '' when there is none
+            rows = [(r[0] or None, *r[1:]) for r in rows]
+        return rows
+
+    def _service_daily_totals(self, by, first_day: int | None, team: str | None) -> list[tuple]:
+        D = UsageServiceDailyRow
+        where = [] if first_day is None else [D.day >= first_day]
+        if team is not None:
+            where.append(D.team == team)
+        sums = tuple(func.sum(getattr(D, n)) for n in SUMS)
+        rows = self._grouped(SERVICE_GROUPS[by], sums, where)
+        if by == "service":  # stored as '' for jobs
             rows = [(r[0] or None, *r[1:]) for r in rows]
         return rows
 
@@ -381,6 +434,19 @@ class UsageStore:
         with self._session.begin() as s:
             s.execute(UsageLineRow.__table__.insert(), lines)
             self._add_daily(s, lines)
+
+
+def is_lost(kind: str, end_reason: str | None) -> bool:
+    """Whether a line's end lost work it did not choose to lose (its GPU time is `lost`)."""
+    return end_reason in (REPLICA_LOST if kind == "replica" else LOST)
+
+
+def _lost_sql():
+    L = UsageLineRow
+    return or_(
+        and_(L.kind != "replica", L.end_reason.in_(LOST)),
+        and_(L.kind == "replica", L.end_reason.in_(REPLICA_LOST)),
+    )
 
 
 def grand_total(groups: list[UsageTotal]) -> UsageTotal:

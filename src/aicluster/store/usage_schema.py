@@ -1,6 +1,7 @@
-"""Tables of the usage ledger: one line per ended job attempt, its daily sums (per team,
-user, pool and GPU model, and per team alone), the prices admins set, and the
-accountant's cursor over the event log.
+"""Tables of the usage ledger: one line per ended job attempt and per ended replica run
+(`kind`), its daily sums (per team, user, pool and GPU model; per team and service; per
+team alone), the prices admins set, the accountant's cursor over the event log, the facts
+of each replica run recorded when it is placed, and the daily storage samples per team.
 
 Quantities are integers so that every total is the exact sum of its lines: milliseconds
 of run time, GPU-, CPU- and memory-GiB-milliseconds, and cost in micro-units of the
@@ -19,6 +20,8 @@ LINE_SUMS = (
     "ended_at",
     "team",
     "end_reason",
+    "kind",
+    "service",
     "run_ms",
     "gpu_ms",
     "cpu_ms",
@@ -28,6 +31,9 @@ LINE_SUMS = (
 
 
 class UsageLineRow(Base):
+    """A job attempt's line is keyed by (job id, attempt); a replica run's by (`replica:`
+    + replica id, 1): a replica id names one run on one node (core.replica)."""
+
     __tablename__ = "usage_lines"
     __table_args__ = (
         UniqueConstraint("job_id", "attempt", name="uq_usage_lines_job_attempt"),
@@ -37,8 +43,10 @@ class UsageLineRow(Base):
         Index("ix_usage_lines_ended_sums", *LINE_SUMS),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(String(80))
+    job_id: Mapped[str] = mapped_column(String(80))  # replicas: their workload id
     attempt: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(8), default="job", server_default="job")
+    service: Mapped[str | None] = mapped_column(String(64), nullable=True)  # replicas'
     team: Mapped[str] = mapped_column(String(64))
     user: Mapped[str] = mapped_column(String(64))
     pool: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -108,6 +116,59 @@ class UsageTeamDailyRow(Base):
     cost_micros: Mapped[int] = mapped_column(BigInteger)
 
 
+class UsageServiceDailyRow(Base):
+    """The lines of a UTC day summed per (team, service), written with the lines: reports
+    by service (or kind) over whole days read these. Job lines are stored as service ''."""
+
+    __tablename__ = "usage_service_daily"
+    __table_args__ = (
+        UniqueConstraint("day", "team", "service", name="uq_usage_service_daily_key"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    day: Mapped[int] = mapped_column(Integer)  # UNIX days: floor(ended_at / 86400)
+    team: Mapped[str] = mapped_column(String(64))
+    service: Mapped[str] = mapped_column(String(64))
+    lines: Mapped[int] = mapped_column(BigInteger)
+    run_ms: Mapped[int] = mapped_column(BigInteger)
+    gpu_ms: Mapped[int] = mapped_column(BigInteger)
+    cpu_ms: Mapped[int] = mapped_column(BigInteger)
+    memory_gib_ms: Mapped[int] = mapped_column(BigInteger)
+    lost_gpu_ms: Mapped[int] = mapped_column(BigInteger)
+    cost_micros: Mapped[int] = mapped_column(BigInteger)
+
+
+class UsageReplicaRunRow(Base):
+    """What a replica held from its placement on, recorded in the transaction that
+    places it (store.services): its ledger line is made from this and its end event, even
+    after its service and replica rows are gone."""
+
+    __tablename__ = "usage_replica_runs"
+    replica_id: Mapped[str] = mapped_column(String(96), primary_key=True)
+    service: Mapped[str] = mapped_column(String(64))
+    team: Mapped[str] = mapped_column(String(64))
+    user: Mapped[str] = mapped_column(String(64))  # who deployed the service
+    node_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    gpus: Mapped[int] = mapped_column(Integer)
+    cpus: Mapped[float] = mapped_column(Float)
+    memory: Mapped[int] = mapped_column(BigInteger)  # bytes
+    gpu_model: Mapped[str | None] = mapped_column(String(128), nullable=True)  # the spec's
+    placed_at: Mapped[float] = mapped_column(Float)
+
+
+class StorageSampleRow(Base):
+    """Bytes a team stores, of one kind (artifacts, checkpoints, logs), sampled once a
+    UTC day: one row per (day, team, kind), a later sample of the day replaces it."""
+
+    __tablename__ = "usage_storage"
+    __table_args__ = (UniqueConstraint("day", "team", "kind", name="uq_usage_storage_key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    day: Mapped[int] = mapped_column(Integer)  # UNIX days
+    team: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    sampled_at: Mapped[float] = mapped_column(Float)
+
+
 class PriceRow(Base):
     """A rate card for a scope (pool and/or GPU model; both None: everything) from
     `effective_from` on; a rate left None falls back to a wider scope."""
@@ -119,6 +180,12 @@ class PriceRow(Base):
     gpu_hour: Mapped[float | None] = mapped_column(Float, nullable=True)
     cpu_hour: Mapped[float | None] = mapped_column(Float, nullable=True)
     memory_gib_hour: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Token rates per million prompt (input) and completion (output) tokens, of `service`
+    # (TEAM/NAME or NAME; None: every service): store.token_usage.
+    service: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    input_mtok: Mapped[float | None] = mapped_column(Float, nullable=True)
+    output_mtok: Mapped[float | None] = mapped_column(Float, nullable=True)
+    storage_gib_month: Mapped[float | None] = mapped_column(Float, nullable=True)
     effective_from: Mapped[float] = mapped_column(Float)
     created_at: Mapped[float] = mapped_column(Float)
     actor: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -139,7 +139,8 @@ class BackfillPolicy:
                 if hold is not None and _outlives(g, clock, hold.shadow()[0]):
                     hold.shadow()[1] -= g.total.gpus
                 continue
-            if not refusal.room:
+            capped = refusal.kind is WaitKind.TEAM_CAP  # its team's alone: blocks no one
+            if not refusal.room and not capped:
                 quota_full[part] = min(g.total.gpus, quota_full.get(part, g.total.gpus))
             never = c.never_fits(g) or partition_never_fits(c, g)
             if never:
@@ -150,7 +151,7 @@ class BackfillPolicy:
                 self._reserve(c, g, reserved)
                 if hold_for_starving(c, g, self.starve_after_s):
                     reason += "; nodes are held for it"
-            elif not room and hold is None:
+            elif not room and hold is None and not capped:
                 quota_wait[part] = _QuotaHold(c, g, c.pools_for(g)[0])
             c.wait(g, reason, kind)
         return c.decisions()
@@ -174,6 +175,9 @@ class BackfillPolicy:
     def _try(c: Cycle, g: GangRequest, reserved: dict[str, Reservation]):
         """Like `Cycle.try_admit` with the fifo partition rule, but never delaying a
         pool's reservation. None if admitted, else why not (a `Refusal`)."""
+        capped = c.book.over_cap(g.team, g.total)
+        if capped is not None:
+            return Refusal(capped, False, WaitKind.TEAM_CAP)
         quota: str | None = None
         room: tuple[WaitKind, str] | None = None
         for pool in c.pools_for(g):

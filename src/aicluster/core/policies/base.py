@@ -40,7 +40,8 @@ QuotaRule = Callable[[GangRequest, str], "str | None"]
 
 class Refusal(NamedTuple):
     """Why a gang was not admitted; `room` is True when quota allowed it but no nodes did;
-    `kind` is what it waits for (QUOTA when a quota rule refused it)."""
+    `kind` is what it waits for (QUOTA when a quota rule refused it, TEAM_CAP when its
+    team's cap did: a refusal of that team alone, which holds nobody else back)."""
 
     reason: str
     room: bool
@@ -210,7 +211,11 @@ class Cycle:
 
     def try_admit(self, g: GangRequest, rule: QuotaRule, pools=None) -> Refusal | None:
         """Admit `g` in the first pool where `rule` and placement allow; else why not
-        (a lack of room, when quota allowed some pool, wins over a quota reason)."""
+        (its team's cap first: no pool could take it; then a lack of room, when quota
+        allowed some pool, wins over a quota reason)."""
+        capped = self.book.over_cap(g.team, g.total)
+        if capped is not None:
+            return Refusal(capped, False, WaitKind.TEAM_CAP)
         quota: str | None = None
         room: tuple[WaitKind, str] | None = None
         for pool in self.pools_for(g) if pools is None else pools:

@@ -73,7 +73,7 @@ class FairPolicy:
                 self._guaranteed(c, g, pools, reclaimer)
             elif clock - g.submitted_at >= self.starve_after_s:
                 refusal = self._borrow(c, g, closed)
-                if refusal is not None and not refusal.room:  # its team's quota is in use
+                if _quota_refused(refusal):  # its team's quota is in use
                     for p in c.pools_for(g):
                         if c.book.has_quota(g.team, p):
                             kept[(g.team, p)] = g.workload_id
@@ -144,11 +144,17 @@ class FairPolicy:
         if c.clock - g.submitted_at >= self.starve_after_s:
             if room and hold_for_starving(c, g, 0.0):
                 reason += "; nodes are held for it"
-            elif not room and closed is not None:
+            elif _quota_refused(refusal) and closed is not None:
                 for pool in c.pools_for(g):
                     key = (c.book.account(g.team, pool).cohort, pool)
                     closed.setdefault(key, g.workload_id)
         c.wait(g, reason, kind)
+
+
+def _quota_refused(refusal: Refusal | None) -> bool:
+    """True when a quota rule refused the gang (not room, not its team's own cap: a gang
+    its cap holds back is kept from no one else's GPUs and nodes)."""
+    return refusal is not None and not refusal.room and refusal.kind is not WaitKind.TEAM_CAP
 
 
 def _beyond_ceiling(c: Cycle, g: GangRequest) -> str | None:

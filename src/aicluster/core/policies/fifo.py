@@ -83,7 +83,8 @@ class FifoPolicy:
             if never:
                 c.never(g, never)
             else:
-                blocked[part] = f"queued behind {g.workload_id}"
+                if refusal.kind is not WaitKind.TEAM_CAP:  # a team's cap blocks no partition
+                    blocked[part] = f"queued behind {g.workload_id}"
                 reason = refusal.reason
                 if refusal.room and hold_for_starving(c, g, self.starve_after_s):
                     reason += "; nodes are held for it"

@@ -6,6 +6,7 @@ import { OverviewView, QueueView } from "./cluster.js";
 import { clock } from "./dom.js";
 import { JobView, JobsView } from "./jobs.js";
 import { EventsView, ServicesView } from "./services.js";
+import { UsageView } from "./usage.js";
 
 const POLL_MS = 1500;
 const $ = (id) => document.getElementById(id);
@@ -15,6 +16,7 @@ const VIEWS = {
   queue: (api) => new QueueView(api),
   jobs: (api, arg) => (arg ? new JobView(api, arg) : new JobsView(api)),
   services: (api) => new ServicesView(api),
+  usage: (api) => new UsageView(api),
   events: (api) => new EventsView(api),
 };
 
@@ -83,7 +85,11 @@ class Dashboard {
     const name = VIEWS[parts[0]] ? parts[0] : "overview";
     for (const a of document.querySelectorAll(".nav a")) a.classList.toggle("active", a.dataset.view === name);
     this.view = VIEWS[name](this.api, parts[1]);
-    this.view.mount($("view"));
+    // Each view draws into its own box: a refresh of the view left behind that is still
+    // in flight then fills a detached box, never the new view's page.
+    const box = document.createElement("div");
+    $("view").replaceChildren(box);
+    this.view.mount(box);
     document.title = "aicluster · " + name + (parts[1] ? " " + parts[1].slice(0, 8) : "");
     if (kick && this.poller) this.poller.kick();
   }

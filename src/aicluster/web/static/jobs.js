@@ -110,11 +110,14 @@ class LogFollower {
       const r = await this.api.logs(this.jobId, this.rank, this.offset); // the latest attempt
       if (this.attempt === null) this.attempt = r.attempt;
       if (r.attempt !== this.attempt) {
-        await this.drain(this.attempt);
+        // Attempt 0: the job had not been admitted when the view opened; its first
+        // attempt's log is the log, with no header.
+        const started = this.attempt !== 0;
+        if (started) await this.drain(this.attempt);
         this.attempt = r.attempt;
         this.offset = 0;
         this.decoder = new TextDecoder("utf-8");
-        this.add(`\n──── attempt ${r.attempt} ────\n`);
+        if (started) this.add(`\n──── attempt ${r.attempt} ────\n`);
         continue;
       }
       if (r.data.length) {
