@@ -73,7 +73,23 @@ class UsageLineRow(Base):
     accounted_at: Mapped[float] = mapped_column(Float)
 
 
-class UsageDailyRow(Base):
+class DaySums:
+    """The columns every table of daily sums has: its UTC day, the team, and the sums of
+    its lines (SUMS in store.usage), each the exact total of integer line quantities."""
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    day: Mapped[int] = mapped_column(Integer)  # UNIX days: floor(ended_at / 86400)
+    team: Mapped[str] = mapped_column(String(64))
+    lines: Mapped[int] = mapped_column(BigInteger)
+    run_ms: Mapped[int] = mapped_column(BigInteger)
+    gpu_ms: Mapped[int] = mapped_column(BigInteger)
+    cpu_ms: Mapped[int] = mapped_column(BigInteger)
+    memory_gib_ms: Mapped[int] = mapped_column(BigInteger)
+    lost_gpu_ms: Mapped[int] = mapped_column(BigInteger)
+    cost_micros: Mapped[int] = mapped_column(BigInteger)
+
+
+class UsageDailyRow(DaySums, Base):
     """The lines of a UTC day summed per (team, user, pool, GPU model), written with the
     lines: reports over whole days read these instead of every line. No pool or GPU model
     is stored as ''."""
@@ -82,41 +98,21 @@ class UsageDailyRow(Base):
     __table_args__ = (
         UniqueConstraint("day", "team", "user", "pool", "gpu_model", name="uq_usage_daily_key"),
     )
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    day: Mapped[int] = mapped_column(Integer)  # UNIX days: floor(ended_at / 86400)
-    team: Mapped[str] = mapped_column(String(64))
     user: Mapped[str] = mapped_column(String(64))
     pool: Mapped[str] = mapped_column(String(64))
     gpu_model: Mapped[str] = mapped_column(String(128))
-    lines: Mapped[int] = mapped_column(BigInteger)
-    run_ms: Mapped[int] = mapped_column(BigInteger)
-    gpu_ms: Mapped[int] = mapped_column(BigInteger)
-    cpu_ms: Mapped[int] = mapped_column(BigInteger)
-    memory_gib_ms: Mapped[int] = mapped_column(BigInteger)
-    lost_gpu_ms: Mapped[int] = mapped_column(BigInteger)
-    cost_micros: Mapped[int] = mapped_column(BigInteger)
 
 
-class UsageTeamDailyRow(Base):
+class UsageTeamDailyRow(DaySums, Base):
     """The lines of a UTC day summed per team, written with the lines (and with
     `usage_daily`): reports by team, and grand totals, over whole days read these: some
     one row a day per team instead of one per (team, user, pool, GPU model)."""
 
     __tablename__ = "usage_team_daily"
     __table_args__ = (UniqueConstraint("day", "team", name="uq_usage_team_daily_key"),)
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    day: Mapped[int] = mapped_column(Integer)  # UNIX days: floor(ended_at / 86400)
-    team: Mapped[str] = mapped_column(String(64))
-    lines: Mapped[int] = mapped_column(BigInteger)
-    run_ms: Mapped[int] = mapped_column(BigInteger)
-    gpu_ms: Mapped[int] = mapped_column(BigInteger)
-    cpu_ms: Mapped[int] = mapped_column(BigInteger)
-    memory_gib_ms: Mapped[int] = mapped_column(BigInteger)
-    lost_gpu_ms: Mapped[int] = mapped_column(BigInteger)
-    cost_micros: Mapped[int] = mapped_column(BigInteger)
 
 
-class UsageServiceDailyRow(Base):
+class UsageServiceDailyRow(DaySums, Base):
     """The lines of a UTC day summed per (team, service), written with the lines: reports
     by service (or kind) over whole days read these. Job lines are stored as service ''."""
 
@@ -124,17 +120,7 @@ class UsageServiceDailyRow(Base):
     __table_args__ = (
         UniqueConstraint("day", "team", "service", name="uq_usage_service_daily_key"),
     )
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    day: Mapped[int] = mapped_column(Integer)  # UNIX days: floor(ended_at / 86400)
-    team: Mapped[str] = mapped_column(String(64))
     service: Mapped[str] = mapped_column(String(64))
-    lines: Mapped[int] = mapped_column(BigInteger)
-    run_ms: Mapped[int] = mapped_column(BigInteger)
-    gpu_ms: Mapped[int] = mapped_column(BigInteger)
-    cpu_ms: Mapped[int] = mapped_column(BigInteger)
-    memory_gib_ms: Mapped[int] = mapped_column(BigInteger)
-    lost_gpu_ms: Mapped[int] = mapped_column(BigInteger)
-    cost_micros: Mapped[int] = mapped_column(BigInteger)
 
 
 class UsageReplicaRunRow(Base):
