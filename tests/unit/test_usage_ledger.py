@@ -279,3 +279,59 @@ def test_daily_sums_give_the_same_totals_as_the_lines(env):
         assert total.cost_micros == sum(x.cost_micros for x in want)
         lost = sum(x.gpu_ms for x in want if x.end_reason == "preempted")
         assert total.lost_gpu_ms == lost
+
+
+ACCOUNT_IN_BATCHES = """
+import sys
+from aicluster.control.usage import Accountant
+from aicluster.store import open_store
+from aicluster.store.usage import UsageStore
+
+usage = UsageStore(open_store(sys.argv[1]))
+acct = Accountant(usage, nodes=lambda: [], every_s=0)
+for _go in sys.stdin:  # one batch per line the test sends: it decides when to kill
+    usage.account(acct.line, limit=40)  # about 10 jobs' events a transaction
+    print(usage.cursor(), flush=True)
+"""
+
+
+def test_an_accountant_killed_9_mid_way_leaves_neither_gap_nor_double_count(env, state_url):
+    """A real process accounts a backlog in many transactions and is killed with SIGKILL
+    part-way; another accountant finishes: every ended attempt is one line, to the ms."""
+    import signal
+    import subprocess
+    import sys
+
+    store, usage, _, clock = env
+    jobs = 120
+    for i in range(jobs):
+        job = submit(store, f"k{i}", team="ab"[i % 2], gpus=1 + i % 3)
+        run_attempt(store, clock, job.id, ["n1"], 10 + i, S.SUCCEEDED)
+    child = subprocess.Popen(
+        [sys.executable, "-c", ACCOUNT_IN_BATCHES, state_url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        seen = []
+        for _ in range(3):  # three batches committed
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            seen.append(int(child.stdout.readline()))
+        child.stdin.write("go\n")  # the fourth is under way, or about to be, when it dies
+        child.stdin.flush()
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    assert 0 < seen[0] < seen[-1]
+    partial = len(usage.lines())
+    assert 0 < partial < jobs, "killed part-way through the backlog"
+    acct = Accountant(usage, nodes=lambda: [], clock=clock, every_s=0)
+    while acct.tick():
+        pass
+    lines = usage.lines()
+    assert sorted(x.job_id for x in lines) == sorted({x.job_id for x in lines})
+    assert len(lines) == jobs
+    want = sum((1 + i % 3) * (10 + i) * 1000 for i in range(jobs))
+    assert sum(x.gpu_ms for x in lines) == want == usage.totals(None)[0].gpu_ms
