@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from aicluster.control.job_envs import EnvProgress
+from aicluster.control.job_io import launch_request, push_outputs, resolve_inputs
 from aicluster.control.logs import LogStore
 from aicluster.control.oplog import decision as log_decision
 from aicluster.control.recovery import newest_checkpoint, recovery
@@ -41,8 +42,7 @@ from aicluster.core.lifecycle import (
 from aicluster.core.model import Admit, Preempt, Wait, WaitKind
 from aicluster.core.nodestate import NodeState
 from aicluster.core.scheduler import DEFAULT_POLICY, get_policy, plan_cycle
-from aicluster.engine.protocol import Engine, LaunchError, LaunchRequest, NodeInfo
-from aicluster.runtime import envs
+from aicluster.engine.protocol import Engine, LaunchError, NodeInfo
 from aicluster.store.db import Store
 from aicluster.store.jobs import JobRecord
 
@@ -311,7 +311,7 @@ class Controller:
             self.pull_logs(job)
         elif states and all(s.exit_code == 0 for s in states):
             try:
-                produced = self._push_outputs(job)
+                produced = push_outputs(job, self.engine, self.artifacts, self.home)
             except Exception as exc:  # noqa: BLE001 - any storage failure fails the job
                 self.engine.stop(job.id, job.attempt, len(states))
                 self._fail(job, Reason.OUTPUT_FAILED, f"{type(exc).__name__}: {exc}")
@@ -332,41 +332,6 @@ class Controller:
                     decisions, "job_succeeded", job=job.id, team=job.team, attempt=job.attempt
                 )
             self.engine.stop(job.id, job.attempt, len(states))
-
-    def _push_outputs(self, job: JobRecord) -> list[str]:
-        """Push rank 0's outputs as new artifact versions: the control plane opens the
-        upload, rank 0's node writes the blobs storage lacks, the control plane commits."""
-        from aicluster.artifacts.names import parse_ref
-        from aicluster.store.artifacts.backend import load_storage_config
-
-        if not job.spec.outputs:
-            return []
-        store, storage = self.artifacts.artifacts, load_storage_config(self.home)
-        produced = []
-        for out in job.spec.outputs:
-            ref = parse_ref(out.artifact, default_team=job.team)
-            files = self.engine.scan_output(job.id, job.attempt, out.path)
-            up, missing = store.begin_upload(
-                ref, out.kind, files, producer_job=job.id, created_by=job.owner
-            )
-            self.engine.upload_output(job.id, job.attempt, out.path, missing, storage)
-            v = store.commit(up.id)
-            produced.append(f"{v.team}/{v.name}:{v.version}")
-        return produced
-
-    def _resolve_inputs(self, rec: JobRecord) -> tuple[tuple[dict, ...], object | None]:
-        """Manifests of the job's inputs, read as its owner, and where blobs come from."""
-        if not rec.spec.inputs:
-            return (), None
-        from aicluster.store.artifacts.backend import load_storage_config
-
-        who = self.store.get_user(rec.owner)
-        out = []
-        for inp in rec.spec.inputs:
-            name = inp.artifact if "/" in inp.artifact else f"{rec.team}/{inp.artifact}"
-            _version, manifest = self.artifacts.version(who, name)
-            out.append({"path": inp.path, "env": inp.env, "manifest": manifest.to_json()})
-        return tuple(out), load_storage_config(self.home)
 
     def pull_logs(self, job: JobRecord):
         """Append every new log byte of the current attempt; return the worker states."""
@@ -541,12 +506,14 @@ class Controller:
             restarts=rec.restarts,
         )
         try:
-            inputs, storage = self._resolve_inputs(rec)
+            inputs, storage = resolve_inputs(rec, self.store, self.artifacts, self.home)
         except Exception as exc:  # noqa: BLE001 - deleted, unshared, storage down
             self._fail(rec, Reason.INPUT_UNAVAILABLE, str(exc).strip("'\""))
             return
         try:
-            req = replace(self._launch_request(rec, attempt), inputs=inputs, storage=storage)
+            req = launch_request(
+                rec, attempt, self.workdirs, self.store, self.api_url, inputs, storage
+            )
         except (OSError, ValueError) as exc:
             self._end_attempt(rec, Reason.LAUNCH_FAILED, f"cannot prepare the launch: {exc}")
             return
@@ -555,37 +522,6 @@ class Controller:
         self.launching[rec.id] = fut
         for key in job_artifact_keys(rec.spec):
             self.artifact_nodes.setdefault(key, set()).update(decision.placement)
-
-    def _launch_request(self, rec: JobRecord, attempt: int) -> LaunchRequest:
-        spec = rec.spec
-        env = dict(spec.env)
-        env.update(
-            AICLUSTER_JOB_ID=rec.id,
-            AICLUSTER_JOB_NAME=rec.name,
-            AICLUSTER_TEAM=rec.team,
-            AICLUSTER_ATTEMPT=str(attempt),
-            AICLUSTER_RESTARTS=str(rec.restarts),
-        )
-        env.update(spec.checkpoint.env() if spec.checkpoint else {})  # checkpoint.save
-        env.update(envs.job_env(spec.environment) if spec.environment else {})  # on each node
-        if self.api_url:  # a token scoped to this attempt: its team's artifacts, its checkpoints
-            env.update(
-                AICLUSTER_URL=self.api_url,
-                AICLUSTER_TOKEN=self.store.create_job_token(rec.id, attempt),
-            )
-        workdir = self.workdirs.get(rec.workdir) if rec.workdir else None
-        return LaunchRequest(
-            job_id=rec.id,
-            attempt=attempt,
-            placement=tuple(rec.placement),
-            cpus=spec.resources.cpus,
-            memory=spec.resources.memory,
-            gpus=spec.resources.gpus,
-            command=spec.command,
-            env=env,
-            workdir=workdir,
-            team=rec.team,
-        )
 
     def _wait(self, job: JobRecord, decision: Wait) -> None:
         limit = job.spec.max_pending_seconds
