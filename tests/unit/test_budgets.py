@@ -335,3 +335,23 @@ def test_max_queued_jobs_refuses_a_submit_naming_the_cap(world, tmp_path):
     w.start(first.id)  # one leaves the queue: room for one more
     api.submit(ADMIN, spec, None)
     assert w.budgets.pending_jobs("ml") == 2
+
+
+def test_tokens_and_storage_count_against_the_budget(world):
+    from aicluster.store.token_usage import TokenUsageStore
+    from aicluster.store.usage_storage import StorageSamples
+
+    w = world
+    w.clock.advance(3600)  # 2026-12-01 00:00 UTC
+    tokens, storage = TokenUsageStore(w.store), StorageSamples(w.store)
+    ops = BudgetOps(w.store, w.budgets, w.usage, w.accountant, tokens=tokens, storage=storage)
+    row = {"minute": int(w.clock() // 60), "user": "alice", "token_id": 7, "model": "m"}
+    row |= {"service": "ml/chat", "requests": 3, "errors": 0}
+    row |= {"prompt_tokens": 1000, "completion_tokens": 500, "cost_micros": 250_000}
+    assert tokens.add_batch("b1", "gw", [{**row, "team": "ml"}, {**row, "team": "cv"}])
+    w.usage.set_price(None, None, {"storage_gib_month": 73.0}, 0.0)  # $0.10 per GiB-hour
+    storage.put(int(w.clock() // 86400), {("ml", "artifacts"): 2**30})  # one GiB, one day
+    day = 73.0 / 730 * 24 * 1e6  # micro-USD: a GiB-day at $73 per GiB-month
+    assert ops.spending({"ml"}, w.clock()) == {"ml": 250_000 + round(day)}
+    assert ops.spending({"cv"}, w.clock()) == {"cv": 250_000}
+    assert w.ops.spending({"ml"}, w.clock()) == {"ml": 0}, "without them: compute alone"

@@ -122,6 +122,7 @@ class ControlPlane:
         from aicluster.store.nodes import NodeStore
         from aicluster.store.quotas import QuotaStore
         from aicluster.store.services import ServiceStore
+        from aicluster.store.token_usage import TokenUsageStore
         from aicluster.store.usage import UsageStore
         from aicluster.store.usage_series import UsageSeriesStore
         from aicluster.store.usage_storage import StorageSamples
@@ -195,7 +196,14 @@ class ControlPlane:
         )
         # Team budgets and caps (control.budgets): the leader's step computes spending from
         # the ledger the accountant writes; limits go through the controller's snapshot.
-        budgets = BudgetOps(self.store, BudgetStore(self.store), usage, self.accountant)
+        budgets = BudgetOps(
+            self.store,
+            BudgetStore(self.store),
+            usage,
+            self.accountant,
+            tokens=TokenUsageStore(self.store),
+            storage=storage,
+        )
         self.budget_step = BudgetStep(budgets, ledger=self.accountant.step)
         self.controller.limits = self.budget_step.limits
         self.metrics.add_state(BudgetCollector(budgets))

@@ -108,8 +108,18 @@ class BudgetOps:
     the metrics read them, and the spending computation of the leader's step.
     `accountant`: the ledger's (control.usage.Accountant: its rates and node map)."""
 
-    def __init__(self, store: Store, budgets: BudgetStore, usage: UsageStore, accountant):
+    def __init__(
+        self,
+        store: Store,
+        budgets: BudgetStore,
+        usage: UsageStore,
+        accountant,
+        tokens=None,
+        storage=None,
+    ):
         self.store, self.budgets, self.usage, self.accountant = store, budgets, usage, accountant
+        self.tokens = tokens  # store.token_usage.TokenUsageStore: the gateway's token costs
+        self.storage = storage  # store.usage_storage.StorageSamples: the daily storage costs
 
     # -- spending ---------------------------------------------------------------------
 
@@ -123,8 +133,9 @@ class BudgetOps:
         return [BudgetStatus(b, month, b.spent_in(month)) for b in budgets]
 
     def spending(self, teams: set[str], now: float) -> dict[str, int]:
-        """micro-USD per team this month: its ledger, and its attempts running now (the
-        accountant's node map as of its last step: run `ledger` first)."""
+        """micro-USD per team this month: its ledger (jobs' attempts and replicas' runs that
+        ended), its attempts running now (the accountant's node map as of its last step: run
+        `ledger` first), its tokens through the gateway and its storage."""
         out = dict.fromkeys(teams, 0)
         if not teams:
             return out
@@ -137,6 +148,18 @@ class BudgetOps:
         prices = self.usage.prices() if running else []
         for j in running:
             out[j.team] += self.accountant.running_cost(j, now, prices)
+        if self.tokens is not None:  # tokens through the gateway, priced per million
+            for t in self.tokens.totals("team", since=start, team=_one(teams)):
+                if t.key in out:
+                    out[t.key] += t.cost_micros
+        if self.storage is not None:  # the month's daily storage samples, priced per GiB-month
+            from aicluster.control.usage_storage import storage_report
+
+            prices = prices or self.usage.prices()
+            report = storage_report(self.storage, prices, start, _one(teams))
+            for g in report["groups"]:
+                if g["key"] in out:
+                    out[g["key"]] += g["cost_micros"]
         return out
 
     # -- the API ------------------------------------------------------------------------
@@ -311,8 +334,8 @@ class BudgetCollector:
                 ("aicluster_team_budget_usd", "The team's monthly budget (USD)"),
                 (
                     "aicluster_team_spent_month_usd",
-                    "What the team spent this UTC month (USD): ended attempts in the usage "
-                    "ledger plus its running attempts so far",
+                    "What the team spent this UTC month (USD): ended attempts and replica "
+                    "runs in the usage ledger, its running attempts so far, tokens, storage",
                 ),
                 ("aicluster_team_budget_used_ratio", "Spent this month / monthly budget"),
             )
