@@ -6,11 +6,11 @@ audit table, holds a token; only admins read the log (and reading it is audited)
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 
 import httpx
 import pytest
+from sqlalchemy import text as sql
 from typer.testing import CliRunner
 
 from aicluster.cli.main import app
@@ -46,7 +46,9 @@ def entries_since(admin, since: float, user: str | None = None) -> list[dict]:
         after = page["next"]
 
 
-def test_every_mutating_call_has_an_entry_and_none_holds_a_token(control_plane, admin, people):
+def test_every_mutating_call_has_an_entry_and_none_holds_a_token(
+    control_plane, admin, people, state_db
+):
     url, started = control_plane.url, time.time()
     member, viewer, root = people["member"], people["viewer"], control_plane.admin_token
     job = {"spec": {"kind": "job", "name": "aud-job", "team": TEAM, "command": "sleep 30"}}
@@ -135,11 +137,8 @@ def test_every_mutating_call_has_an_entry_and_none_holds_a_token(control_plane, 
     secrets = [member, viewer, root, bob]
     text = json.dumps(got)
     assert not [s for s in secrets if s in text]
-    db = sqlite3.connect(f"file:{control_plane.home / 'state.db'}?mode=ro", uri=True)
-    try:
-        rows = db.execute("SELECT * FROM audit_log").fetchall()
-    finally:
-        db.close()
+    with state_db.connect() as conn:  # the table itself, on SQLite or PostgreSQL
+        rows = conn.execute(sql("SELECT * FROM audit_log")).fetchall()
     assert len(rows) >= len(made)
     dump = repr(rows)
     assert not [s for s in secrets if s in dump or s[4:] in dump]
