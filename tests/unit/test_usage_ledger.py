@@ -335,3 +335,18 @@ def test_an_accountant_killed_9_mid_way_leaves_neither_gap_nor_double_count(env,
     assert len(lines) == jobs
     want = sum((1 + i % 3) * (10 + i) * 1000 for i in range(jobs))
     assert sum(x.gpu_ms for x in lines) == want == usage.totals(None)[0].gpu_ms
+
+
+def test_the_price_list_holds_compute_and_storage_cards_not_token_ones(env):
+    from aicluster.store.token_usage import TokenUsageStore
+
+    store, usage, _, clock = env
+    ops = UsageOps(usage, store.team_exists)
+    usage.set_price("train", None, {"gpu_hour": 2.0}, clock.now)
+    usage.set_price(None, None, {"storage_gib_month": 0.02}, clock.now)
+    TokenUsageStore(store).set_token_price(None, 0.5, 1.5, clock.now)
+    listed = ops.prices(Principal("admin", None, "admin"))["prices"]
+    assert [(p["pool"], p["gpu_hour"], p["storage_gib_month"]) for p in listed] == [
+        ("train", 2.0, None),
+        (None, None, 0.02),
+    ]

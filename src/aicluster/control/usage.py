@@ -363,7 +363,10 @@ class UsageOps:
         return self.usage.set_price(pool, gpu_model, rates, effective_from, actor=who.user)
 
     def prices(self, who: Principal) -> dict:
+        """The rate cards of compute and storage (token prices: /v1/prices/tokens)."""
+        kept = ("gpu_hour", "cpu_hour", "memory_gib_hour", "storage_gib_month")
+        cards = [p for p in self.usage.prices() if any(getattr(p, r) is not None for r in kept)]
         return {
-            "prices": [asdict(p) for p in self.usage.prices()],
+            "prices": [asdict(p) for p in cards],
             "defaults": self.catalog.defaults(),
         }
