@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from aicluster.client.api import Client
 from aicluster.engine.protocol import GPU_MODEL_LABEL, POOL_LABEL
 from aicluster.engine.raynode import NODE_DEATH_DETECTION
@@ -165,3 +167,53 @@ class ControlPlaneProc:
 
     def client(self, token: str | None = None) -> Client:
         return Client(self.url, token or self.admin_token)
+
+
+# -- teams and services through the API (the integration modules share these) --------------
+
+
+def api(cp: ControlPlaneProc, method: str, path: str, token: str | None = None, **kw):
+    """One raw API call as the admin (or `token`), for status codes and bodies."""
+    headers = {"Authorization": f"Bearer {token or cp.admin_token}"}
+    return httpx.request(method, cp.url + path, headers=headers, timeout=30, **kw)
+
+
+def team_members(cp: ControlPlaneProc, admin: Client, teams) -> dict[str, Client]:
+    """A member's client per team (teams made when missing)."""
+    for team in teams:
+        if team not in admin.teams():
+            admin.create_team(team)
+    return {
+        team: cp.client(admin.create_token(f"user-{team}", team=team)["token"]) for team in teams
+    }
+
+
+def simulated_services(cp: ControlPlaneProc, admin: Client, teams, name: str, time_scale: float):
+    """Per team (made when missing): a caller's token record and a one-replica simulated
+    service `name`, READY when this returns."""
+    callers = {}
+    for team in teams:
+        if team not in admin.teams():
+            admin.create_team(team)
+        callers[team] = admin.create_token(f"{team}-user", team=team)
+        spec = {
+            "kind": "service",
+            "name": name,
+            "team": team,
+            "model": "sim-model",
+            "engine": "simulated",
+            "resources": {"cpus": 0.5},
+            "replicas": {"min": 1, "max": 1},
+            "engine_args": {"time-scale": time_scale},
+        }
+        r = api(cp, "POST", "/v1/services", json={"spec": spec})
+        assert r.status_code == 201, r.text
+    for team in teams:
+        wait_for(
+            lambda team=team: (
+                api(cp, "GET", f"/v1/services/{name}", params={"team": team}).json()["ready"] == 1
+            ),
+            timeout=120,
+            what=f"a ready replica of {team}/{name}",
+        )
+    return callers

@@ -14,7 +14,7 @@ import pytest
 
 from aicluster.client.api import ApiError
 
-from harness import TERMINAL, wait_for
+from harness import TERMINAL, team_members, wait_for
 
 pytestmark = pytest.mark.ray
 TEAMS = ("bud-a", "bud-b", "bud-c")
@@ -22,13 +22,7 @@ TEAMS = ("bud-a", "bud-b", "bud-c")
 
 @pytest.fixture(scope="module")
 def members(admin, control_plane):
-    for team in TEAMS:
-        if team not in admin.teams():
-            admin.create_team(team)
-    return {
-        team: control_plane.client(admin.create_token(f"user-{team}", team=team)["token"])
-        for team in TEAMS
-    }
+    return team_members(control_plane, admin, TEAMS)
 
 
 def job(team: str, name: str, command: str = "sleep 1", gpus: int = 1) -> dict:

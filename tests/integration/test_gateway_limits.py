@@ -16,15 +16,10 @@ from typer.testing import CliRunner
 
 from aicluster.cli.main import app
 
-from harness import wait_for
+from harness import api, simulated_services, wait_for
 
 pytestmark = pytest.mark.ray
 TEAMS = ("gl-a", "gl-b")
-
-
-def api(cp, method: str, path: str, token: str | None = None, **kw) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {token or cp.admin_token}"}
-    return httpx.request(method, cp.url + path, headers=headers, timeout=30, **kw)
 
 
 def oai(cp, token: str) -> openai.OpenAI:
@@ -33,35 +28,8 @@ def oai(cp, token: str) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def world(control_plane, admin):
-    callers = {}
-    for team in TEAMS:
-        if team not in admin.teams():
-            admin.create_team(team)
-        callers[team] = admin.create_token(f"{team}-user", team=team)
-        spec = {
-            "kind": "service",
-            "name": "gl-chat",
-            "team": team,
-            "model": "sim-model",
-            "engine": "simulated",
-            "resources": {"cpus": 0.5},
-            "replicas": {"min": 1, "max": 1},
-            "engine_args": {"time-scale": 0.01},
-        }
-        r = api(control_plane, "POST", "/v1/services", json={"spec": spec})
-        assert r.status_code == 201, r.text
+    callers = simulated_services(control_plane, admin, TEAMS, "gl-chat", time_scale=0.01)
     callers["gl-b-2"] = admin.create_token("gl-b-other", team="gl-b")
-    for team in TEAMS:
-        wait_for(
-            lambda team=team: (
-                api(control_plane, "GET", "/v1/services/gl-chat", params={"team": team}).json()[
-                    "ready"
-                ]
-                == 1
-            ),
-            timeout=120,
-            what=f"a ready replica of {team}/gl-chat",
-        )
     yield callers
     for team in TEAMS:
         api(control_plane, "PUT", f"/v1/limits/teams/{team}", json={})

@@ -15,47 +15,15 @@ from typer.testing import CliRunner
 
 from aicluster.cli.main import app
 
-from harness import wait_for
+from harness import api, simulated_services, wait_for
 
 pytestmark = pytest.mark.ray
 TEAMS = ("tu-a", "tu-b")
 
 
-def api(cp, method: str, path: str, token: str | None = None, **kw) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {token or cp.admin_token}"}
-    return httpx.request(method, cp.url + path, headers=headers, timeout=30, **kw)
-
-
 @pytest.fixture(scope="module")
 def world(control_plane, admin):
-    callers = {}
-    for team in TEAMS:
-        if team not in admin.teams():
-            admin.create_team(team)
-        callers[team] = admin.create_token(f"{team}-user", team=team)
-        spec = {
-            "kind": "service",
-            "name": "tu-chat",
-            "team": team,
-            "model": "sim-model",
-            "engine": "simulated",
-            "resources": {"cpus": 0.5},
-            "replicas": {"min": 1, "max": 1},
-            "engine_args": {"time-scale": 0.05},
-        }
-        r = api(control_plane, "POST", "/v1/services", json={"spec": spec})
-        assert r.status_code == 201, r.text
-    for team in TEAMS:
-        wait_for(
-            lambda team=team: (
-                api(control_plane, "GET", "/v1/services/tu-chat", params={"team": team}).json()[
-                    "ready"
-                ]
-                == 1
-            ),
-            timeout=120,
-            what=f"a ready replica of {team}/tu-chat",
-        )
+    callers = simulated_services(control_plane, admin, TEAMS, "tu-chat", time_scale=0.05)
     yield callers
     for team in TEAMS:
         api(control_plane, "DELETE", "/v1/services/tu-chat", params={"team": team})

@@ -13,7 +13,7 @@ import pytest
 
 from aicluster.client.api import ApiError
 
-from harness import wait_for
+from harness import team_members, wait_for
 
 pytestmark = pytest.mark.ray
 TEAMS = ("use-a", "use-b")
@@ -21,13 +21,7 @@ TEAMS = ("use-a", "use-b")
 
 @pytest.fixture(scope="module")
 def members(admin, control_plane):
-    for team in TEAMS:
-        if team not in admin.teams():
-            admin.create_team(team)
-    return {
-        team: control_plane.client(admin.create_token(f"user-{team}", team=team)["token"])
-        for team in TEAMS
-    }
+    return team_members(control_plane, admin, TEAMS)
 
 
 def usage(client, **params) -> dict:
