@@ -28,7 +28,18 @@ $(BWRAP):
 	  || echo "could not install bubblewrap: workloads will run unsandboxed (see README)"; \
 	else echo "no apt-get: install bubblewrap at $(BWRAP) or workloads run unsandboxed"; fi
 
-install: $(STAMP) $(BWRAP)
+# `launcher: mpi` runs Debian's OpenMPI (mpirun/orted); its daemons reach the other nodes
+# through the platform's workers, never ssh (README: launchers).
+MPIRUN := /usr/bin/mpirun
+
+$(MPIRUN):
+	@if command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	  ($$SUDO apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openmpi-bin \
+	  || echo "could not install openmpi-bin: launcher: mpi jobs fail and its test is skipped"; \
+	else echo "no apt-get: install OpenMPI's mpirun at $(MPIRUN) or launcher: mpi is unavailable"; fi
+
+install: $(STAMP) $(BWRAP) $(MPIRUN)
 
 run: install
 	$(BIN)/aicluster up

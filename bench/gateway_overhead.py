@@ -7,7 +7,10 @@ Run:  .venv/bin/python bench/gateway_overhead.py            (about 2-3 minutes)
 
 Starts N `simulated` engines with every time cost at 0 (bench/_engine_main.py), the real
 `aicluster.gateway.proxy.Gateway` under uvicorn in its own process (bench/_gateway_main.py,
-least_outstanding over the N engines), and, where they install and run here, sglang-router
+least_outstanding over the N engines), the real `aicluster gateway` process with 1 and 2
+workers sharing a port (`--gateway-workers`; fed by a stand-in control plane,
+bench/_feed_stub.py, so it authenticates, rate-limits, records usage and reports as
+deployed), and, where they install and run here, sglang-router
 and vllm-router (round_robin) and the LiteLLM proxy (pinned version, simple-shuffle) over
 the same engines; see bench/_servers.py for their virtual environments. A peer that cannot
 run gets a row saying why.
@@ -250,6 +253,13 @@ def main() -> None:
     ap.add_argument("--routing", default="least_outstanding", help="the aicluster gateway's policy")
     ap.add_argument("--settle", type=float, default=0.5, help="idle seconds between targets")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument(
+        "--gateway-workers",
+        type=int,
+        nargs="*",
+        default=[1, 2],
+        help="also measure `aicluster gateway --workers N` for each N (none: skip)",
+    )
     ap.add_argument("--quick", action="store_true", help="1 round, 100 requests, 2 s")
     args = ap.parse_args()
     if args.quick:
@@ -267,6 +277,9 @@ def main() -> None:
             Target("direct (1 replica)", [engines[0].url]),
             Target(f"aicluster gateway ({args.routing})", [gw.url], headers),
         ]
+        for n in args.gateway_workers:  # `aicluster gateway --workers N`, fed as in a cluster
+            proc, proc_headers = S.start_gateway_processes(engines, args.routing, n)
+            targets.append(Target(f"aicluster gateway process x{n}", [proc.url], proc_headers))
         if not args.no_peers:
             targets += start_peers(engines)
         print(

@@ -3,6 +3,7 @@
 Run:  .venv/bin/python bench/routing.py            (about 3-4 minutes)
       .venv/bin/python bench/routing.py --engine vllm --quick   (2 real vLLM replicas)
       .venv/bin/python bench/routing.py --quick    (about 40 s)
+      .venv/bin/python bench/routing.py --gateways 2 --no-peers   (two gateways, each on its own view)
       .venv/bin/python bench/routing.py --no-peers --workloads shared_prefix
 
 Starts four `simulated` engines (bench/_engine_main.py) with realistic costs in simulated
@@ -194,18 +195,23 @@ async def one_turn(client, url, headers, messages, max_tokens, user, res: Result
     return "".join(text)
 
 
-async def run_jobs(url: str, headers: dict, jobs: list[Job], concurrency: int, res: Result):
-    queue: asyncio.Queue[Job] = asyncio.Queue()
-    for j in jobs:
-        queue.put_nowait(j)
+async def run_jobs(urls: list[str], headers, jobs: list[Job], concurrency: int, res: Result):
+    """Each job (all its turns) goes to one of `urls`, in turn, as a load balancer in front
+    of several gateways would spread clients; `headers`: one dict per url."""
+    queue: asyncio.Queue[tuple[int, Job]] = asyncio.Queue()
+    for i, j in enumerate(jobs):
+        queue.put_nowait((i, j))
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async with httpx.AsyncClient(limits=limits, timeout=120.0) as client:
 
         async def worker() -> None:
             while not queue.empty():
-                job = queue.get_nowait()
-                hdr = dict(headers, **({"x-session-id": job.session} if job.session else {}))
+                i, job = queue.get_nowait()
+                url = urls[i % len(urls)]
+                hdr = dict(
+                    headers[i % len(urls)], **({"x-session-id": job.session} if job.session else {})
+                )
                 messages = [{"role": "system", "content": job.system}]
                 for turn in job.turns:
                     messages.append({"role": "user", "content": turn.user})
@@ -286,26 +292,25 @@ def reset_engines(engines: list[S.Proc]) -> None:
 ENGINE_KIND = ["simulated"]
 
 
-def run_one(name: str, kind: str, policy: str, gateway, jobs, args, n: int) -> Result:
-    """kind 'gateway': aicluster's gateway with `policy`; 'sglang'/'vllm': that peer."""
+def run_one(name: str, kind: str, policy: str, gateways, jobs, args, n: int) -> Result:
+    """kind 'gateway': aicluster's gateways with `policy` (jobs spread over them, each
+    routing on its own view); 'sglang'/'vllm': that peer."""
     res = Result(name)
     reset_engines(ENGINES)
     proc = None
     if kind == "gateway":
-        url, headers = (
-            gateway.url,
-            S.publish(gateway, f"run{n}", policy, ENGINES, f"g{n}"),
-        )
+        urls = [g.url for g in gateways]
+        headers = [S.publish(g, f"run{n}", policy, ENGINES, f"g{n}") for g in gateways]
     else:
         start = S.start_sglang_router if kind == "sglang" else S.start_vllm_router
         proc = start(ENGINES, policy)
         if isinstance(proc, str):
             res.why_not = proc
             return res
-        url, headers = proc.url, {}
+        urls, headers = [proc.url], [{}]
         reset_engines(ENGINES)  # the router's start-up probe reached a replica
     try:
-        asyncio.run(run_jobs(url, headers, jobs, args.concurrency, res))
+        asyncio.run(run_jobs(urls, headers, jobs, args.concurrency, res))
     finally:
         if proc is not None:
             proc.stop()
@@ -395,6 +400,12 @@ def main() -> None:
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument(
+        "--gateways",
+        type=int,
+        default=1,
+        help="aicluster gateway processes, each routing on its own view (jobs spread over them)",
+    )
     ap.add_argument("--quick", action="store_true", help="100 requests per run, time scale 0.5")
     ap.add_argument("--engine", choices=("simulated", "vllm"), default="simulated")
     args = ap.parse_args()
@@ -413,8 +424,9 @@ def main() -> None:
             ENGINES.extend(start_vllm_engines(2))
         else:
             ENGINES.extend(S.start_engines(4, dict(ENGINE, time_scale=args.time_scale)))
-        gateway = S.start_gateway()
-        runs = [(p, "gateway", p) for p in POLICIES]
+        gateways = [S.start_gateway() for _ in range(args.gateways)]
+        many = f" ({args.gateways} gateways)" if args.gateways > 1 else ""
+        runs = [(p + many, "gateway", p) for p in POLICIES]
         if not args.no_peers:
             runs += [
                 ("sglang-router 0.3.2 cache_aware", "sglang", "cache_aware"),
@@ -426,7 +438,7 @@ def main() -> None:
             results = []
             for name, kind, policy in runs:
                 n += 1
-                results.append(run_one(name, kind, policy, gateway, jobs, args, n))
+                results.append(run_one(name, kind, policy, gateways, jobs, args, n))
                 print(f"  {workload}: {name} done", file=sys.stderr)
             report(workload, results, args)
     finally:

@@ -173,6 +173,18 @@ def test_deploy_a_service_and_call_it_with_openai(platform):
     client = openai.OpenAI(base_url=url + "/v1", api_key=token)
     reply = client.completions.create(model="sim-llm", prompt="hello world", max_tokens=4)
     assert reply.choices[0].text
+    # The gateway process `up` started serves the same service on its own port.
+    gateway = re.search(r"gateway:\s+(\S+)", platform[2]).group(1)
+    assert gateway == json.loads((home / "gateway.json").read_text())["url"] + "/v1"
+    assert gateway in run(home, "info").stdout
+    via = openai.OpenAI(base_url=gateway, api_key=token, max_retries=0)
+    wait_for(
+        lambda: "sim-llm" in {m.id for m in via.models.list()},
+        timeout=10,
+        what="the gateway's table",
+    )
+    reply = via.completions.create(model="sim-llm", prompt="hello world", max_tokens=4)
+    assert reply.choices[0].text and reply.usage.completion_tokens == 4
     listed = json.loads(run(home, "services", "-o", "json").stdout)
     assert [s["name"] for s in listed] == ["sim-llm"]
     described = run(home, "describe", "sim-llm").stdout
@@ -195,6 +207,8 @@ def test_down_leaves_no_process(platform, tmp_path):
     assert installation_processes(home) == []
     assert installation_processes(worker_home) == []
     assert not [c for c in _cmdlines() if "aicluster.api.server" in c and str(home) in c]
+    assert not [c for c in _cmdlines() if "aicluster.gateway.process" in c and str(home) in c]
+    assert not (home / "gateway.json").exists()
 
 
 def _cmdlines() -> list[str]:

@@ -33,6 +33,10 @@ ADMIN_ONLY = {
     "PUT /v1/limits/teams/{team}",
     "PUT /v1/limits/tokens/{token_id}",
     "PUT /v1/prices/tokens",
+    # what gateway processes follow and send (replicas' secrets, tokens' digests)
+    "GET /v1/gateway/feed",
+    "POST /v1/gateway/report",
+    "POST /v1/gateway/usage",
 }
 # A user's own objects (their API tokens): anyone on their own, admins on anyone's.
 OWN = {"POST /v1/tokens/{token_id}/revoke"}
@@ -87,6 +91,8 @@ BODIES = {  # valid bodies, so that only who calls decides the answer
     "POST /v1/nodes/{node}/{action}": {"grace_s": 1},
     "PUT /v1/prices": {"gpu_model": "iso-sneak", "gpu_hour": 99.0},
     "PUT /v1/budgets/{team}": {"monthly_usd": 1.0},
+    "POST /v1/gateway/report": {"gateway_id": "iso-sneak", "services": []},
+    "POST /v1/gateway/usage": {"batch_id": "iso-sneak", "source": "iso", "rows": []},
     "PUT /v1/limits/teams/{team}": {"requests_per_s": 0.01},
     "PUT /v1/limits/tokens/{token_id}": {"tokens_per_min": 1},
     "PUT /v1/prices/tokens": {"service": "iso-sneak", "input_mtok": 99.0},

@@ -237,6 +237,29 @@ def test_a_request_held_at_zero_replicas_scales_the_service_up(world):
     assert len(world.replicas(RS.READY)) == 1
 
 
+def test_a_request_held_at_another_gateway_scales_the_service_up_and_its_end_down(world):
+    """Demand in a gateway's report (store.gateway_reports), none in this process's table."""
+    from aicluster.control.gateway_feed import RemoteDemand
+    from aicluster.store.gateway_reports import GatewayReports, ServiceDemand
+
+    reports = GatewayReports(world.store)
+    world.loop.remote_demand = RemoteDemand(reports, "cp-this").read
+    world.deploy(lo=0, hi=2, autoscaling={"downscale_delay_s": 0, "scale_to_zero_after_s": 1})
+    world.tick()
+    assert world.replicas() == []
+    reports.put(
+        "gw-elsewhere", [ServiceDemand("default", "chat", ongoing=1, held=1, waiting_s=0.5)]
+    )
+    reports.put("cp-this", [ServiceDemand("default", "chat", ongoing=50)])  # own: not counted twice
+    world.tick(2)
+    assert len(world.replicas(RS.READY)) == 1
+    reports.put("gw-elsewhere", [])  # the request was served; nothing since
+    for _ in range(5):
+        world.clock.advance(1)
+        world.tick()
+    assert world.replicas() == []
+
+
 def test_the_spec_reads_back_typed_from_the_store_and_drives_the_replicas(world):
     world.deploy(
         lo=1,

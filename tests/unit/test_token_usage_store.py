@@ -186,3 +186,18 @@ def test_meter_finds_usage_in_the_tail_of_a_large_answer():
     for i in range(0, len(raw), 65536):
         m.feed(raw[i : i + 65536])
     assert len(raw) > 1 << 20 and m.tokens() == (12, 0)
+
+
+def test_batches_waiting_for_an_acknowledgement_are_bounded():
+    clock = FakeClock()
+    rec = UsageRecorder(_refuse, source="gw-away", clock=clock, max_queued=3)
+    for _ in range(5):
+        rec.record(ALICE, "ml/chat", "m", 1, 2)
+        clock.advance(60)  # a new minute: a row of its own
+        assert rec.flush() == 0
+    assert len(rec._queue) == 3 and rec.dropped_rows == 2
+    assert [b.batch_id for b in rec._queue] == ["gw-away-3", "gw-away-4", "gw-away-5"]
+
+
+def _refuse(batch: dict):
+    raise ConnectionError("the control plane is away")

@@ -2,7 +2,9 @@
 recorder (gateway.usage) with its sink (control.token_usage.TokenLedger.accept, in this
 process), the limiter (gateway.ratelimit) with its source (store.rate_limits), the
 thread that refreshes the one and flushes the other about once a second, and the routes
-of limits, token usage and token prices.
+of limits, token usage and token prices. The same thread writes this process's demand
+per service as a gateway report (control.gateway_feed), so that the leader's autoscaler
+counts the requests every replica's gateway holds.
 
 Invariant: `stop` flushes what was recorded last and returns before the store closes.
 """
@@ -10,6 +12,7 @@ Invariant: `stop` flushes what was recorded last and returns before the store cl
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aicluster.api.limits_routes import limits_router
@@ -27,6 +30,7 @@ from aicluster.store.token_usage import TokenUsageStore
 class GatewayParts:
     store: Store
     every_s: float = SYNC_EVERY_S
+    report: Callable[[], object] | None = None  # this process's demand, to the store
     _stopping: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -57,7 +61,11 @@ class GatewayParts:
             pass
         self._thread = threading.Thread(
             target=sync_loop,
-            args=([self.limiter.refresh, self.usage.flush], self._stopping, self.every_s),
+            args=(
+                [self.limiter.refresh, self.usage.flush, *([self.report] if self.report else [])],
+                self._stopping,
+                self.every_s,
+            ),
             name="gateway-sync",
             daemon=True,
         )

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -89,6 +90,7 @@ class ControlPlane:
         apply_ray_env(home, loopback=ray_address.startswith("127."))
         from aicluster.api.app import create_app
         from aicluster.api.artifacts_routes import artifact_router
+        from aicluster.api.gateway_feed_routes import gateway_feed_router
         from aicluster.api.gateway_parts import GatewayParts
         from aicluster.api.metrics_routes import metrics_router
         from aicluster.api.services_routes import services_router
@@ -99,6 +101,7 @@ class ControlPlane:
         from aicluster.control.budgets import BudgetCollector, BudgetOps, BudgetStep
         from aicluster.control.endpoint_ops import EndpointOps
         from aicluster.control.endpoints import EndpointTable
+        from aicluster.control.gateway_feed import GatewayFeed, RemoteDemand, report_of
         from aicluster.control.jobs_loop import Controller
         from aicluster.control.logs import SharedLogStore
         from aicluster.control.metrics import Metrics, StateCollector
@@ -117,6 +120,7 @@ class ControlPlane:
         from aicluster.store.audit import AuditStore
         from aicluster.store.budgets import BudgetStore
         from aicluster.store.db import open_store
+        from aicluster.store.gateway_reports import GatewayReports
         from aicluster.store.jobfiles import JobFiles
         from aicluster.store.lease import FencedEngine, LeaderElector, LeaderLease
         from aicluster.store.nodes import NodeStore
@@ -227,7 +231,17 @@ class ControlPlane:
             )
         )
         self.metrics.add_state(UsageCollector(UsageSeriesStore(self.store)))
-        self.gateway_parts = GatewayParts(self.store)  # usage capture and rate limits
+        # Gateways elsewhere (gateway.process) follow the feed and report their demand;
+        # this process's own gateway reports too, so that the leader counts every one.
+        self.gateway_reports = reports = GatewayReports(self.store)
+        own_report = f"cp-{self.lease.holder}"[:80]
+        self.services.remote_demand = RemoteDemand(reports, own_report).read
+        self.gateway_parts = GatewayParts(  # usage capture, rate limits, demand reports
+            self.store,
+            report=lambda: reports.put(own_report, report_of(table, time.time())),
+        )
+        feed = GatewayFeed.of(table, self.store, self.gateway_parts.rate_limits)
+        accept_usage = self.gateway_parts.usage.sink
         self.gateway = Gateway(
             table,
             self._people_only,
@@ -261,6 +275,7 @@ class ControlPlane:
                 ),
                 lambda p: replicas_router(self, p),
                 *self.gateway_parts.routers(),
+                lambda p: gateway_feed_router(feed, reports, accept_usage, p),
                 web_router,
             ],
         )
@@ -322,6 +337,7 @@ class ControlPlane:
             "ttl_s": self.lease.ttl_s,
             "leader": leader,
             "replicas": rows,
+            "gateways": self.gateway_reports.gateways(),  # every process's, this one's too
         }
 
     # -- leadership: the loops run in terms ------------------------------------------------

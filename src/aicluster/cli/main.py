@@ -8,6 +8,7 @@ from aicluster.cli import (
     artifacts_cmds,
     audit_cmds,
     budgets_cmds,
+    gateway_cmds,
     jobs_cmds,
     limits_cmds,
     nodes_cmds,
@@ -38,6 +39,7 @@ audit_cmds.register(app)
 tokens_cmds.register(app)
 limits_cmds.register(app)
 state_cmds.register(app)
+gateway_cmds.register(app)
 
 if __name__ == "__main__":
     app()

@@ -2,7 +2,8 @@
 
 Files under AICLUSTER_HOME: platform.json (what `up`/`join` started),
 controlplane.json (pid and URL of the control plane; controlplane-PORT.json and
-controlplane-PORT.log for a further replica, `up --join-control-plane`), client.json (the API URL for
+controlplane-PORT.log for a further replica, `up --join-control-plane`), gateway.json and
+gateway.log (the gateway process, cli.gateway_cmds), client.json (the API URL for
 the CLI), admin.token (0600), machine-id (0600: this machine's stable node identity,
 kept across rejoins), state.db (or state.json: the database `up --state` was given), logs/.
 """
@@ -26,6 +27,7 @@ import typer
 from rich.console import Console
 
 from aicluster.cli.config import home_dir
+from aicluster.cli.gateway_cmds import running_gateway, start_gateway, stop_gateway
 from aicluster.cli.state_cmds import STATE_ENV, check_reachable, remember_state, state_location
 from aicluster.engine.rayenv import ray_env, ray_token_path
 
@@ -219,6 +221,22 @@ def up(
             "remembered for later starts",
         ),
     ] = None,
+    gateway_port: Annotated[
+        int | None,
+        typer.Option(
+            help="port of the gateway process (the OpenAI and Ollama routes; default: the "
+            "API port + 1); it binds to --api-host"
+        ),
+    ] = None,
+    gateway_workers: Annotated[
+        int,
+        typer.Option(
+            help="gateway processes sharing that port (SO_REUSEPORT); 0: none (the API "
+            "port serves the same routes)",
+            min=0,
+            max=64,
+        ),
+    ] = 1,
     join_control_plane: Annotated[
         bool,
         typer.Option(
@@ -305,7 +323,19 @@ def up(
         state=state_url,
     )
     _write_json(home / "client.json", {"url": url})
+    gateway_url = None
+    if gateway_workers:
+        gateway_url = running_gateway(home) or start_gateway(
+            home,
+            url,
+            api_host,
+            gateway_port or api_port + 1,
+            gateway_workers,
+            {**os.environ, **ray_env(home, ray_address.startswith("127."))},
+        )
     out.print(f"aicluster is up.\n  API:         {url}  (OpenAPI docs at {url}/docs)")
+    if gateway_url:
+        out.print(f"  gateway:     {gateway_url}/v1  (OpenAI and Ollama routes)")
     out.print(
         f"  admin token: {home / 'admin.token'}  (export AICLUSTER_TOKEN=$(cat {home / 'admin.token'}))"
     )
@@ -382,6 +412,7 @@ def down() -> None:
     from aicluster.engine.raynode import kill_installation
 
     home = home_dir()
+    stop_gateway(home)
     # further replicas first (`up --join-control-plane`), so the main one is not replaced
     for path in [*sorted(home.glob("controlplane-*.json")), home / "controlplane.json"]:
         pid = _read_json(path).get("pid")
@@ -467,6 +498,9 @@ def info() -> None:
         raise typer.Exit(1)
     token = home / "admin.token"
     out.print(f"API:          {url}   (OpenAPI: {url}/docs)")
+    gateway_url = running_gateway(home)
+    if gateway_url:
+        out.print(f"gateway:      {gateway_url}/v1   (OpenAI and Ollama routes)")
     out.print(f"admin token:  {token}")
     out.print(f"use it:       export AICLUSTER_TOKEN=$(cat {token})")
     out.print("stop it all:  aicluster down")

@@ -27,7 +27,8 @@ def _role(r: dict) -> str:
 
 
 def status(output: OutputOpt = OutputFormat.table, url: UrlOpt = None, token: TokenOpt = None):
-    """The control-plane replicas, the leader, its lease epoch and age."""
+    """The control-plane replicas, the leader, its lease epoch and age; the gateways that
+    reported lately."""
     with cli_errors(), make_client(url, token) as c:
         view = c.request_json("GET", "/v1/control-plane")
     if output == OutputFormat.json:
@@ -60,6 +61,11 @@ def status(output: OutputOpt = OutputFormat.table, url: UrlOpt = None, token: To
         ],
     )
     out.console().print("(* the replica that answered)")
+    gateways = view.get("gateways", [])
+    out.console().print(
+        f"gateways reporting: {len(gateways)}"
+        + "".join(f"\n  {g['id']} (last report {_secs(g['reported_s_ago'])} ago)" for g in gateways)
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -51,6 +51,7 @@ def launch_request(
         env=env,
         workdir=workdir,
         team=rec.team,
+        launcher=spec.launcher,
         inputs=inputs,
         storage=storage,
     )

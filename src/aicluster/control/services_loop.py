@@ -19,11 +19,19 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
 
-from aicluster.control.endpoints import Endpoint, EndpointTable, ReplicaSecrets, ServiceEndpoints
+from aicluster.control.endpoints import (
+    Demand,
+    Endpoint,
+    EndpointTable,
+    ReplicaSecrets,
+    ServiceEndpoints,
+)
+from aicluster.control.gateway_feed import merge_demand
 from aicluster.control.logs import LogStore
 from aicluster.control.scaling import Scaler
 from aicluster.control.snapshot import WorkloadView, artifact_keys, per_worker, preferred
@@ -106,6 +114,10 @@ class ServiceLoop:
         self._served: dict[str, str] = {}  # spec JSON -> served model name
         # STARTING replicas: (phase, last env progress line, last other line, when stored)
         self.progress: dict[str, tuple[str, str, str, float]] = {}
+        # Other gateways' demand per service (control.gateway_feed.RemoteDemand.read),
+        # read once per reconcile and added to this process's table for autoscaling.
+        self.remote_demand: Callable[[], dict] | None = None
+        self._remote: dict = {}
 
     def new_term(self) -> None:
         """Lead afresh (see Controller.new_term): replicas launched in an earlier term that
@@ -121,6 +133,7 @@ class ServiceLoop:
     ) -> None:
         self.alive, self.draining = alive, draining
         published: dict[tuple[str, str], ServiceEndpoints] = {}
+        self._remote = self._read_remote_demand()
         for svc in self.services.list():
             live = self.services.replicas(svc.seq)
             if svc.deleting:
@@ -130,6 +143,21 @@ class ServiceLoop:
             live = self._scale(svc, live)
             published[(svc.team, svc.name)] = self._endpoints(svc, live)
         self.table.publish(published)
+
+    def _read_remote_demand(self) -> dict:
+        if self.remote_demand is None:
+            return {}
+        try:
+            return self.remote_demand()
+        except Exception as exc:  # noqa: BLE001 - scale on this process's view meanwhile
+            log.warning("could not read the gateways' load reports: %s", exc)
+            return {}
+
+    def demand(self, team: str, name: str) -> Demand:
+        """Every gateway's demand for a service: this process's and the fresh reports."""
+        local = self.table.demand(team, name)
+        remote = self._remote.get((team, name))
+        return merge_demand(local, remote, self.clock()) if remote else local
 
     def publish_from_store(self) -> None:
         """A follower's table (api.server runs it while this replica does not lead): the
@@ -406,9 +434,7 @@ class ServiceLoop:
     def _scale(self, svc: ServiceRecord, live: list[ReplicaRecord]) -> list[ReplicaRecord]:
         moving = [r for r in live if r.node_id in self.draining]
         staying = [r for r in live if r not in moving]
-        want = self.scaler.desired(
-            svc, staying, self.table.demand(svc.team, svc.name), self.clock()
-        )
+        want = self.scaler.desired(svc, staying, self.demand(svc.team, svc.name), self.clock())
         while len(staying) < want:  # replacements first ...
             staying.append(self.services.add_replica(svc))
         ready = sum(1 for r in staying if r.status == RS.READY)

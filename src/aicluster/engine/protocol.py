@@ -51,6 +51,7 @@ class LaunchRequest:
     inputs: tuple[dict, ...] = ()  # {"path", "env", "manifest": JSON bytes}
     storage: object | None = None  # StorageConfig the nodes fetch input blobs from
     team: str | None = None  # whose workload: the sandbox's user (else env AICLUSTER_TEAM)
+    launcher: str = "plain"  # what starts the command on each node (runtime.launchers)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import secrets
 import time
 
 import ray
@@ -29,6 +30,7 @@ from aicluster.engine.protocol import (
     NodeInfo,
     WorkerState,
 )
+from aicluster.runtime.launchers import Gang, rank_command
 from aicluster.runtime.torchenv import worker_env
 from aicluster.runtime.worker import WorkerProcess
 
@@ -224,6 +226,15 @@ class RayEngine:
             )
             workdir = ray.put(req.workdir) if req.workdir else None
             sandbox = self.sandbox_for(req.team or req.env.get("AICLUSTER_TEAM") or "default")
+            gang = Gang.of(
+                req.launcher,
+                req.placement,
+                [w["ip"] for w in where],
+                [w["gpu_ids"] for w in where],
+                master_addr,
+                master_port,
+            )
+            secret = secrets.token_hex(16)  # the attempt's: mpi's relay (runtime.mpirelay)
             starts = []
             for rank, actor in enumerate(actors):
                 env = dict(req.env)
@@ -237,9 +248,13 @@ class RayEngine:
                     )
                 )
                 env["AICLUSTER_NODE_ID"] = where[rank]["node_id"]
+                command, launch_env = rank_command(
+                    req.launcher, req.command, gang, rank, secret=secret
+                )
+                env.update(launch_env)
                 starts.append(
                     actor.start.remote(
-                        req.command, env, workdir, list(req.inputs), req.storage, sandbox
+                        command, env, workdir, list(req.inputs), req.storage, sandbox
                     )
                 )
             ray.get(starts, timeout=self.launch_timeout)

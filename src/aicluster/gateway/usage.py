@@ -24,11 +24,14 @@ Invariants:
   .accept, which commits the batch id with its sums). A batch that fails stays queued,
   unchanged (same id), and is sent again: the ledger takes an id once, so a retried
   flush never counts twice.
+- At most `max_queued` batches wait for an acknowledgement: past it (the control plane
+  away for about an hour) the oldest is dropped, logged as an error and counted in
+  `dropped_rows`, so a gateway's memory stays bounded.
 - The last flush runs at shutdown (SIGTERM). A gateway killed with -9 loses what it had
   not flushed: at most the last second of records (and the queued batches, only while
   the store is unreachable).
-- A separate gateway process (DESIGN: gateway/) would POST the same batch dicts to the
-  control plane, which hands them to the same `accept`: the sink is the only change.
+- A gateway process (gateway.process) POSTs the same batch dicts to the control plane
+  (`/v1/gateway/usage`), which hands them to the same `accept`: the sink is the only change.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 SYNC_EVERY_S = 1.0
+MAX_QUEUED_BATCHES = 3600  # about an hour of a busy gateway's batches while none is taken
 MAX_JSON_BYTES = 1 << 20  # a JSON answer parsed whole; past it, its tail is searched
 TAIL_BYTES = 64 << 10
 SUMS = ("requests", "errors", "prompt_tokens", "completion_tokens")
@@ -61,8 +65,15 @@ class Batch:
 
 
 class UsageRecorder:
-    def __init__(self, sink: Sink | None, source: str | None = None, clock=time.time):
-        self.sink, self.clock = sink, clock
+    def __init__(
+        self,
+        sink: Sink | None,
+        source: str | None = None,
+        clock=time.time,
+        max_queued: int = MAX_QUEUED_BATCHES,
+    ):
+        self.sink, self.clock, self.max_queued = sink, clock, max_queued
+        self.dropped_rows = 0  # rows of batches dropped unacknowledged (max_queued passed)
         self.source = source or f"gw-{uuid.uuid4().hex[:12]}"
         self._seq = 0
         self._pending: dict[tuple, list[int]] = {}
@@ -108,6 +119,14 @@ class UsageRecorder:
             for k, v in pending.items()
         ]
         self._queue.append(Batch(f"{self.source}-{self._seq}", self.source, rows))
+        while len(self._queue) > self.max_queued:  # the control plane away for too long
+            lost = self._queue.pop(0)
+            self.dropped_rows += len(lost.rows)
+            log.error(
+                "usage batch %s dropped unacknowledged: %d batches queued",
+                lost.batch_id,
+                self.max_queued,
+            )
 
     def flush(self) -> int:
         """Seal, then send queued batches oldest first until one fails: the batches

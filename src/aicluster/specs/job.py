@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, Field, field_validator
 
 from aicluster.specs.base import Strict
 from aicluster.specs.environment import JobEnvironment
+from aicluster.specs.launchers import Launcher, check_command
 from aicluster.specs.limits import (
     MAX_ARGV_ITEMS,
     MAX_COMMAND_BYTES,
@@ -173,6 +174,12 @@ class JobSpec(Strict):
     workers: int = Field(default=1, ge=1, le=4096, strict=True, description="gang size")
     resources: Resources = Field(default_factory=Resources)
     command: str | list[str] = Field(description="shell command, or an argv list")
+    launcher: Launcher = Field(
+        default="plain",
+        description="what starts the command on each node: plain (one process per worker), "
+        "torchrun, accelerate, deepspeed (the command is their script and arguments) or "
+        "mpi (mpirun over the gang's nodes) (README: launchers)",
+    )
     env: dict[str, EnvValue] = Field(default_factory=dict, max_length=MAX_ENV_VARS)
     working_dir: str | None = Field(
         default=None,
@@ -216,6 +223,16 @@ class JobSpec(Strict):
         )
         if size > MAX_COMMAND_BYTES:
             raise ValueError(f"command must be at most {MAX_COMMAND_BYTES // 1024} KiB")
+        return v
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher_can_start_command(cls, v: str, info) -> str:
+        if "command" in info.data:  # else the command's own error says what is wrong
+            try:
+                check_command(v, info.data["command"])
+            except ValueError as exc:
+                raise ValueError(f"{v} cannot start this command: {exc}") from None
         return v
 
     @field_validator("image")
