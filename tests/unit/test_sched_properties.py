@@ -5,7 +5,8 @@ borrowing limit (strict partitions: past its guarantee); gangs are placed whole,
 pool, on nodes of their GPU model; every pending gang gets exactly one decision;
 decisions are deterministic and independent of input order. For `fair` with
 preemption: a team under its guarantee with pending work gets it within one cycle
-(the cycle that preempts, then the one that admits).
+(the cycle that preempts, then the one that admits), and the gang it preempted for
+is admitted in the next cycle.
 """
 
 from __future__ import annotations
@@ -165,10 +166,18 @@ def test_deterministic_and_independent_of_input_order(snap, policy, seed):
     again = Snapshot(*map(tuple, shuffled))
     assert plan_cycle(again, 120.0, policy) == first
     # a policy object reused across cycles keeps caches that never change a decision
+    # (`fair`'s reservations are decisions kept on purpose: forgotten between the plans)
     reused = get_policy(policy)
     reused.plan(replace(snap, pending=snap.pending[:1]), 50.0)
+    _forget_reservations(reused)
     assert reused.plan(snap, 120.0) == first
+    _forget_reservations(reused)
     assert reused.plan(again, 120.0) == first
+
+
+def _forget_reservations(policy) -> None:
+    """Drop the room `fair` kept for gangs it preempted for (tests/unit/test_sched_reservations)."""
+    getattr(policy, "reservations", {}).clear()
 
 
 @SETTINGS
@@ -192,6 +201,19 @@ def test_team_under_guarantee_gets_it_within_one_cycle(snap):
     final = _usage(nxt, second)
     for team, had in owed.items():
         assert final[team] > had, (team, had, final, first, second)
+
+
+@SETTINGS
+@given(snap=clusters())
+def test_fair_admits_the_gang_it_preempted_for_in_the_next_cycle(snap):
+    """One policy object across both cycles (as the control plane keeps it): the room a
+    gang preempted for is kept for it (`fair`'s reservations), whatever else is queued."""
+    policy = get_policy("fair")
+    first = plan_cycle(snap, 120.0, policy)
+    preempting = {d.workload_id for d in first if isinstance(d, Wait) and d.kind == "preempting"}
+    second = plan_cycle(apply(snap, first, 120.0), 121.0, policy)
+    assert preempting <= {d.workload_id for d in second if isinstance(d, Admit)}
+    assert all(r.since == 121.0 for r in policy.reservations.values())  # only new ones left
 
 
 @SETTINGS

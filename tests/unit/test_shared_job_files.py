@@ -6,6 +6,8 @@ installation's older files stay readable."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from aicluster.control.logs import LogStore, SharedLogStore
@@ -76,12 +78,58 @@ def test_logs_pulled_by_the_leader_are_read_by_every_replica(two_replicas):
 def test_two_replicas_appending_the_same_pull_store_it_once(two_replicas):
     a, b = two_replicas
     files_a, files_b = JobFiles(a), JobFiles(b)
-    # both read the end (0), both pulled the worker's first bytes: the second loses
-    assert files_a.append_log("j", 1, 0, 0, b"hello ")
-    assert not files_b.append_log("j", 1, 0, 0, b"hello ")
-    assert not files_b.append_log("j", 1, 0, 3, b"lo ")  # not where the log ends
-    SharedLogStore(files_b).append("j", 1, 0, b"world\n")  # re-reads the end first
+    # both read the end (0), both pulled the worker's first bytes: the second stores none
+    assert files_a.append_log("j", 1, 0, 0, b"hello ") == 6
+    assert files_b.append_log("j", 1, 0, 0, b"hello ") == 0
+    assert files_b.append_log("j", 1, 0, 3, b"lo ") == 0  # bytes the log has already
+    assert files_b.append_log("j", 1, 0, 9, b"gap") == 0  # past the end: nothing
+    SharedLogStore(files_b).append("j", 1, 0, b"world\n")  # no offset: at the end
     assert SharedLogStore(files_a).read("j", 1, 0) == b"hello world\n"
+
+
+def test_a_stale_pull_stores_only_what_the_log_lacks(two_replicas):
+    """A follower drains a cancelled job while the leader pulls: both read the end (0);
+    the leader pulled one line, the follower two. Re-reading the end at append time would
+    store the first line twice; appending at the offset pulled from stores each byte once."""
+    a, b = two_replicas
+    leader, follower = SharedLogStore(JobFiles(a)), SharedLogStore(JobFiles(b))
+    worker = b"line 1\nline 2\nline 3\n"  # the worker's log file
+    at_leader, at_follower = leader.offset("j", 1, 0), follower.offset("j", 1, 0)
+    leader.append("j", 1, 0, worker[at_leader:7], at=at_leader)
+    follower.append("j", 1, 0, worker[at_follower:14], at=at_follower)  # its new tail only
+    assert leader.read("j", 1, 0) == worker[:14]
+    leader.append("j", 1, 0, worker[7:14], at=7)  # the leader's next pull, now stale
+    leader.append("j", 1, 0, worker[14:], at=14)
+    assert follower.read("j", 1, 0) == worker and follower.offset("j", 1, 0) == len(worker)
+
+
+def test_replicas_appending_one_pull_at_the_same_moment_store_it_once(state_url):
+    """Four control-plane processes' stores, each in its own thread, released together
+    with the same pull (the worker's bytes from the end they all read)."""
+    clock = FakeClock()
+    stores = [open_store(state_url, clock=clock) for _ in range(4)]
+    logs = [SharedLogStore(JobFiles(s)) for s in stores]
+    worker = b"".join(b"line %d\n" % i for i in range(200))
+    try:
+        for start in range(0, len(worker), 600):  # several pulls, each raced by all four
+            gate = threading.Barrier(len(logs))
+
+            def pull(replica: SharedLogStore, gate: threading.Barrier, end: int) -> None:
+                at = replica.offset("j", 1, 0)
+                gate.wait()
+                replica.append("j", 1, 0, worker[at:end], at=at)
+
+            args = [(r, gate, start + 600) for r in logs]
+            threads = [threading.Thread(target=pull, args=a) for a in args]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            assert logs[0].read("j", 1, 0) == worker[: start + 600]
+        assert logs[1].read("j", 1, 0) == worker
+    finally:
+        for s in stores:
+            s.close()
 
 
 def test_logs_of_an_older_installation_are_still_read(two_replicas, tmp_path):

@@ -15,6 +15,7 @@ from aicluster.api.bodies import NodeActionBody, QuotaBody, SubmitBody, TeamBody
 from aicluster.api.budgets_routes import budgets_router
 from aicluster.api.errors import BODY, error, install_error_handlers, responses
 from aicluster.api.limits import BodyLimitMiddleware
+from aicluster.api.paging import CURSOR, LIMIT, page_body
 from aicluster.api.strict_json import StrictJSONRoute, finite
 from aicluster.api.tokens_routes import tokens_router
 from aicluster.control.api_ops import (
@@ -26,6 +27,7 @@ from aicluster.control.api_ops import (
 )
 from aicluster.control.audit import AuditOps
 from aicluster.control.budgets import QueueFull
+from aicluster.control.logs import LogsRemoved
 from aicluster.control.nodes_loop import current as current_nodes
 from aicluster.control.recovery import recovery
 from aicluster.control.snapshot import allocations, job_workload
@@ -35,6 +37,7 @@ from aicluster.core.model import Quota, Res
 from aicluster.specs.limits import INT64_MAX, MAX_TEXT
 from aicluster.specs.names import NAME_PATTERN
 from aicluster.store.audit import AuditStore
+from aicluster.store.cursors import BadCursor, decode, page_of
 from aicluster.store.errors import Conflict, NotFound
 from aicluster.store.identity import Principal, Refusal
 from aicluster.store.jobs import JobRecord
@@ -119,6 +122,8 @@ def create_app(services: ApiOps, routers=(), audit: AuditStore | None = None) ->
             BadRequest: 400,
             Conflict: 409,
             QueueFull: 429,
+            BadCursor: 400,  # names `cursor`
+            LogsRemoved: 410,
         },
     )
 
@@ -164,9 +169,13 @@ def create_app(services: ApiOps, routers=(), audit: AuditStore | None = None) ->
     def list_jobs(
         status: list[str] | None = Query(default=None, max_length=16),
         team: str | None = Query(default=None, max_length=63),
+        limit: int = LIMIT,
+        cursor: str | None = CURSOR,
         who: Principal = Depends(principal),
     ):
-        return {"jobs": [job_json(j) for j in services.list_jobs(who, status, team)]}
+        """Jobs newest first, a page at a time (api.paging)."""
+        jobs, more = services.page_jobs(who, status, team, limit, cursor)
+        return page_body("jobs", [job_json(j) for j in jobs], more)
 
     @app.get("/v1/jobs/{job_id}", responses=responses(*SCOPED_JOB, 422))
     def get_job(job_id: str = JobId, who: Principal = Depends(principal)):
@@ -180,7 +189,7 @@ def create_app(services: ApiOps, routers=(), audit: AuditStore | None = None) ->
     def cancel(job_id: str = JobId, who: Principal = Depends(principal)):
         return job_json(services.cancel(who, job_id))
 
-    @app.get("/v1/jobs/{job_id}/logs", responses=responses(*SCOPED_JOB, 400, 422))
+    @app.get("/v1/jobs/{job_id}/logs", responses=responses(*SCOPED_JOB, 400, 410, 422))
     def logs(
         job_id: str = JobId,
         rank: int = Query(default=0, ge=0, le=INT64_MAX),
@@ -188,22 +197,31 @@ def create_app(services: ApiOps, routers=(), audit: AuditStore | None = None) ->
         offset: int = Query(default=0, ge=0, le=INT64_MAX),
         who: Principal = Depends(principal),
     ):
-        data, job, att = services.read_logs(who, job_id, rank, attempt, offset)
+        data, job, att, nxt = services.read_logs(who, job_id, rank, attempt, offset)
         headers = {
-            "X-Next-Offset": str(offset + len(data)),
+            "X-Next-Offset": str(nxt),  # past a marker of bytes the log cap dropped
             "X-Job-Status": job.status.value,
             "X-Attempt": str(att),
         }
         return Response(data, media_type="text/plain; charset=utf-8", headers=headers)
 
-    @app.get("/v1/nodes", responses=responses(*AUTHED))
-    def nodes(who: Principal = Depends(principal)):
-        active = services.store.list_jobs(statuses=[JobStatus.ADMITTED, JobStatus.RUNNING])
+    @app.get("/v1/nodes", responses=responses(*AUTHED, 400, 422))
+    def nodes(limit: int = LIMIT, cursor: str | None = CURSOR, who=Depends(principal)):
+        """Nodes by id, a page at a time (api.paging): the engine lists them in memory."""
+        (after,) = decode(cursor, "nodes", str) or ("",)
+        active = services.store.list_jobs(
+            statuses=[JobStatus.ADMITTED, JobStatus.RUNNING], limit=None
+        )
         used = allocations([job_workload(j) for j in active] + services.other_workloads())
         states = services.node_states()
         out = []
         infos = services.engine.nodes()
-        for n, rec in current_nodes(infos, states):  # retired ones: only events remain
+        shown = sorted(
+            ((n, rec) for n, rec in current_nodes(infos, states) if n.node_id > after),
+            key=lambda nr: nr[0].node_id,
+        )
+        shown, more = page_of(shown, limit, "nodes", lambda nr: (nr[0].node_id,))
+        for n, rec in shown:  # retired ones: only events remain
             d = asdict(n)
             d["incarnations"] = rec.incarnations if rec else 1
             d["allocated"] = asdict(used.get(n.node_id, Res()))
@@ -214,7 +232,7 @@ def create_app(services: ApiOps, routers=(), audit: AuditStore | None = None) ->
             d["reason"] = "node_lost" if stale else (rec.reason if rec else None)
             d["checks"] = rec.checks if rec else []
             out.append(d)
-        return {"nodes": out}
+        return page_body("nodes", out, more)
 
     @app.post("/v1/nodes/{node}/{action}", responses=responses(*ADMIN, 404, 409, *BODY))
     def node_action(
@@ -238,13 +256,17 @@ def create_app(services: ApiOps, routers=(), audit: AuditStore | None = None) ->
             "reason": rec.reason,
         }
 
-    @app.get("/v1/events", responses=responses(*AUTHED, 422))
+    @app.get("/v1/events", responses=responses(*AUTHED, 400, 422))
     def events(
         after: int = Query(default=0, ge=0, le=INT64_MAX),
         object_id: str | None = Query(default=None, max_length=MAX_TEXT),
+        limit: int = LIMIT,
+        cursor: str | None = CURSOR,
         who: Principal = Depends(principal),
     ):
-        return {"events": [asdict(e) for e in services.events(who, after, object_id)]}
+        """Events oldest first after `after`, a page at a time (api.paging)."""
+        page, more = services.events(who, after, object_id, limit, cursor)
+        return page_body("events", [asdict(e) for e in page], more)
 
     @app.get("/v1/teams", responses=responses(*AUTHED))
     def teams(who: Principal = Depends(principal)):

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.concurrency import run_in_threadpool
 
 from aicluster.api.errors import ErrorBody
+from aicluster.api.paging import CURSOR, LIMIT, page_body
 from aicluster.artifacts.chunks import CHUNK_SIZE
 from aicluster.artifacts.manifest import MAX_FILES, MAX_SIZE, ManifestError
 from aicluster.artifacts.names import RefError
@@ -46,6 +47,7 @@ from aicluster.store.artifacts import (
     StorageError,
     VersionRecord,
 )
+from aicluster.store.cursors import decode, page_of
 
 WRITE_BATCH = 4 << 20
 
@@ -267,8 +269,17 @@ def artifact_router(svc: ArtifactService, principal) -> APIRouter:
         return Response(status_code=204)
 
     @r.get("/v1/artifacts", responses=errors(400, 422))
-    def list_artifacts(team: str | None = None, who=Depends(principal)):
-        return {"artifacts": [artifact_json(a) for a in svc.list_artifacts(who, team)]}
+    def list_artifacts(
+        team: str | None = None,
+        limit: int = LIMIT,
+        cursor: str | None = CURSOR,
+        who=Depends(principal),
+    ):
+        """Artifacts by (team, name), a page at a time (api.paging)."""
+        after = decode(cursor, "artifacts", str, str)
+        rows = svc.list_artifacts(who, team, limit + 1, after)
+        page, more = page_of(rows, limit, "artifacts", lambda a: (a.team, a.name))
+        return page_body("artifacts", [artifact_json(a) for a in page], more)
 
     @r.post("/v1/artifacts/gc", responses=errors(403, 409, 503, params=False))
     def gc(who=Depends(principal)):

@@ -45,6 +45,7 @@ DESCRIPTIONS = {
     404: "No such object, or one of another team",
     409: "Conflicts with an existing object, or a name matches more than one (a job name "
     "an admin uses, of several teams: use the id or TEAM:NAME)",
+    410: "Gone: deleted by a retention policy (a job's logs, past the logs retention)",
     413: "Request body larger than this route accepts",
     422: "Invalid input; `field` and `issues` name the fields",
     429: "Too many: the team has as many pending jobs as its cap allows; `field` names the "

@@ -17,7 +17,6 @@ default) the lease is taken at start, at once even after a kill -9 of the predec
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from aicluster.control.oplog import LOG_FORMATS, configure_logging
+from aicluster.control.oplog import configure_logging
 from aicluster.control.oplog import decision as log_decision
 from aicluster.engine.rayenv import apply_ray_env, ray_temp_dir
 from aicluster.store.lease import StaleLeader, fenced
@@ -86,6 +85,8 @@ class ControlPlane:
         lease_ttl_s: float = 3.0,
         lease_renew_s: float = 1.0,
         audit_retention_s: float | None = 365 * 86400.0,
+        logs_retention_s: float | None = None,
+        log_cap_bytes: int | None = None,
     ):
         apply_ray_env(home, loopback=ray_address.startswith("127."))
         from aicluster.api.app import create_app
@@ -154,7 +155,9 @@ class ControlPlane:
         # reads what the leader pulled and launches what any replica accepted. The folders
         # are read for what an older installation kept there.
         files = JobFiles(self.store)
-        logs = SharedLogStore(files, home / "logs")
+        logs = SharedLogStore(
+            files, home / "logs", cap_bytes=log_cap_bytes, retention_s=logs_retention_s
+        )
         workdirs = SharedWorkdirs(files, home / "workdirs")
         self.stopping = threading.Event()
         self.wakeup = threading.Event()
@@ -495,85 +498,17 @@ def _control_plane(home: Path, args) -> ControlPlane:
             lease_ttl_s=args.lease_ttl,
             lease_renew_s=args.lease_renew,
             audit_retention_s=args.audit_retention,
+            logs_retention_s=args.logs_retention,
+            log_cap_bytes=args.log_cap,
         )
     except StateStoreError as exc:
         raise SystemExit(f"--state: {exc}") from None
 
 
-def _retention(text: str) -> float | None:
-    """A retention: a duration (control.api_ops.parse_duration), or 0 for none."""
-    from aicluster.control.api_ops import BadRequest, parse_duration
-
-    if text.strip() == "0":
-        return None
-    try:
-        return parse_duration(text, "audit retention")
-    except BadRequest as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="aicluster-controlplane")
-    p.add_argument("--home", required=True)
-    p.add_argument("--ray-address", required=True)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--policy", default="fair", choices=["fair", "fifo", "backfill"])
-    p.add_argument(
-        "--shared-path",
-        action="append",
-        default=[],
-        type=Path,
-        help="a folder every workload may read and write (shared storage)",
-    )
-    p.add_argument(
-        "--retire-down-after",
-        type=float,
-        default=600.0,
-        metavar="SECONDS",
-        help="retire a node Down for longer than this: no longer listed, its events kept "
-        "(0: never on its own; `aicluster nodes rm` still does)",
-    )
-    p.add_argument(
-        "--state",
-        default=os.environ.pop("AICLUSTER_STATE", None),  # a URL may hold a password
-        help="the state store: a SQLite file or postgresql://... (default HOME/state.db)",
-    )
-    p.add_argument(
-        "--replica",
-        action="store_true",
-        help="a further replica (aicluster up --join-control-plane): its pid and URL go to "
-        "HOME/controlplane-PORT.json, not HOME/controlplane.json",
-    )
-    p.add_argument(
-        "--lease-ttl",
-        type=float,
-        default=3.0,
-        metavar="SECONDS",
-        help="the leader lease's time to live: a follower takes over this long after the "
-        "leader stopped renewing",
-    )
-    p.add_argument(
-        "--lease-renew",
-        type=float,
-        default=1.0,
-        metavar="SECONDS",
-        help="how often the leader renews the lease and a follower tries to take it",
-    )
-    p.add_argument(
-        "--audit-retention",
-        type=_retention,
-        default=os.environ.get("AICLUSTER_AUDIT_RETENTION", "365d"),  # parsed by `type`
-        metavar="DURATION",
-        help="how long audit log entries are kept: 90d, 12w, ... (0: for ever); default "
-        "AICLUSTER_AUDIT_RETENTION, else 365d",
-    )
-    p.add_argument(
-        "--log-format",
-        choices=LOG_FORMATS,
-        default="text",
-        help="text: key=value lines; json: one JSON object per line",
-    )
+    from aicluster.api.server_args import parser
+
+    p = parser()
     args = p.parse_args(argv)
     if not 0 < args.lease_renew < args.lease_ttl:
         p.error("--lease-renew must be positive and shorter than --lease-ttl")

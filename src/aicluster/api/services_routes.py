@@ -9,6 +9,7 @@ from pydantic import Field
 
 from aicluster.api.bodies import Body
 from aicluster.api.errors import BODY, responses
+from aicluster.api.paging import CURSOR, LIMIT, page_body
 from aicluster.api.strict_json import StrictJSONRoute, finite
 from aicluster.control.endpoint_ops import EndpointOps
 from aicluster.store.services import ServiceRecord
@@ -58,9 +59,12 @@ def services_router(ops: EndpointOps, principal) -> APIRouter:
     def deploy(body: DeployBody, who=Depends(principal)):
         return service_json(ops, ops.deploy(who, body.spec))
 
-    @r.get("/v1/services", responses=responses(401))
-    def list_services(who=Depends(principal)):
-        return {"services": [service_json(ops, s) for s in ops.list(who)]}
+    @r.get("/v1/services", responses=responses(400, 401, 422))
+    def list_services(limit: int = LIMIT, cursor: str | None = CURSOR, who=Depends(principal)):
+        """Services by (team, name), a page at a time (api.paging)."""
+        team = None if who.is_admin else who.team
+        page, more = ops.services.page(team, limit, cursor)
+        return page_body("services", [service_json(ops, s) for s in page], more)
 
     @r.get("/v1/services/{name}", responses=responses(401, 404, 422))
     def get_service(name: str = ServiceName, team: str | None = TeamQuery, who=Depends(principal)):

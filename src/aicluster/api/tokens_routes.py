@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 
 from aicluster.api.audit import note_target
 from aicluster.api.errors import responses
+from aicluster.api.paging import CURSOR, LIMIT, page_body
 from aicluster.api.strict_json import StrictJSONRoute, finite
 from aicluster.control.tokens import TokenOps
 from aicluster.specs.limits import INT64_MAX
@@ -16,15 +17,18 @@ from aicluster.specs.limits import INT64_MAX
 def tokens_router(ops: TokenOps, principal) -> APIRouter:
     r = APIRouter(route_class=StrictJSONRoute)
 
-    @r.get("/v1/tokens", responses=responses(401, 403, 404, 422))
+    @r.get("/v1/tokens", responses=responses(400, 401, 403, 404, 422))
     def tokens(
         user: str | None = Query(
             default=None, max_length=64, description="whose (default: yours; admins: anyone)"
         ),
         all: bool = Query(default=False, description="every user's (admins)"),
+        limit: int = LIMIT,
+        cursor: str | None = CURSOR,
         who=Depends(principal),
     ):
-        return finite({"tokens": ops.list(who, user, all)})
+        """Tokens oldest first, a page at a time (api.paging)."""
+        return finite(page_body("tokens", *ops.page(who, user, all, limit, cursor)))
 
     @r.post("/v1/tokens/{token_id}/revoke", responses=responses(401, 404, 422))
     def revoke(

@@ -28,6 +28,8 @@ from aicluster.artifacts.manifest import ManifestError, list_folder
 from aicluster.artifacts.names import KINDS
 from aicluster.cli import output as out
 from aicluster.cli.common import (
+    AllPagesOpt,
+    LimitOpt,
     OutputFormat,
     OutputOpt,
     TokenOpt,
@@ -178,13 +180,16 @@ def _size(text: str) -> int:
 
 def ls(
     team: Annotated[str | None, typer.Option("--team", help="only this team")] = None,
+    limit: LimitOpt = None,
+    all_pages: AllPagesOpt = False,
     output: OutputOpt = OutputFormat.table,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """List the artifacts you can read (your team's and those shared with it)."""
+    """List the artifacts you can read (your team's and those shared with it): every one,
+    or one page of --limit without --all-pages."""
     with cli_errors(), make_client(url, token) as c:
-        arts = sdk.list_artifacts(c, team)
+        arts = sdk.list_artifacts(c, team, limit, every=all_pages or limit is None)
     if output == OutputFormat.json:
         out.print_json(arts)
         return

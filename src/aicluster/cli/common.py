@@ -35,6 +35,14 @@ _TOKEN_HELP = "API token (default: AICLUSTER_TOKEN, else admin.token)"
 UrlOpt = Annotated[str | None, typer.Option("--url", help=_URL_HELP)]
 TokenOpt = Annotated[str | None, typer.Option("--token", help=_TOKEN_HELP)]
 OutputOpt = Annotated[OutputFormat, typer.Option("--output", "-o", help="table or json")]
+# List commands: one page of at most --limit rows (the server's default page without it),
+# or with --all-pages every page, following the API's cursors (api.paging).
+LimitOpt = Annotated[
+    int | None, typer.Option("--limit", min=1, max=1000, help="at most this many (one page)")
+]
+AllPagesOpt = Annotated[
+    bool, typer.Option("--all-pages", help="every page (--limit: the size of each page)")
+]
 
 
 def make_client(url: str | None, token: str | None) -> Client:

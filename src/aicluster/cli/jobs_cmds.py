@@ -19,6 +19,8 @@ from rich.text import Text
 from aicluster.cli import output as out
 from aicluster.cli import queue_cmds
 from aicluster.cli.common import (
+    AllPagesOpt,
+    LimitOpt,
     OutputFormat,
     OutputOpt,
     TokenOpt,
@@ -85,18 +87,22 @@ def jobs(
     ] = None,
     all_: Annotated[bool, typer.Option("--all", help="every status (ignores --status)")] = False,
     team: Annotated[str | None, typer.Option("--team", help="only this team")] = None,
+    limit: LimitOpt = None,
+    all_pages: AllPagesOpt = False,
     output: OutputOpt = OutputFormat.table,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """List jobs (every status and every team the token may see, unless filtered)."""
+    """List jobs newest first (every status and every team the token may see, unless
+    filtered): one page (--limit), or every page with --all-pages."""
     wanted = [s.strip().upper() for v in status or [] for s in v.split(",") if s.strip()]
     bad = [s for s in wanted if s not in STATUSES]
     if bad:
         hint = f"unknown status {bad[0]}; use {', '.join(STATUSES)}"
         raise typer.BadParameter(hint, param_hint="--status")
     with cli_errors(), make_client(url, token) as c:
-        rows = c.jobs(status=None if all_ else wanted or None, team=team)
+        wanted = None if all_ else wanted or None
+        rows = c.jobs(status=wanted, team=team, limit=limit, every=all_pages)
     if output == OutputFormat.json:
         out.print_json(rows)
     else:
@@ -262,11 +268,14 @@ NODE_COLUMNS: list[out.Column] = [
 
 
 def nodes(
-    output: OutputOpt = OutputFormat.table, url: UrlOpt = None, token: TokenOpt = None
+    limit: LimitOpt = None,
+    output: OutputOpt = OutputFormat.table,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
 ) -> None:
-    """List the cluster's nodes with used/total resources."""
+    """List the cluster's nodes with used/total resources (every one, or --limit)."""
     with cli_errors(), make_client(url, token) as c:
-        rows = c.nodes()
+        rows = c.nodes(limit=limit, every=limit is None)
     if output == OutputFormat.json:
         out.print_json(rows)
     else:
@@ -296,13 +305,16 @@ EVENT_COLUMNS: list[out.Column] = [
 def events(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="print new events")] = False,
     object_id: Annotated[str | None, typer.Option("--object", help="only about this id")] = None,
+    limit: LimitOpt = None,
+    all_pages: AllPagesOpt = False,
     output: OutputOpt = OutputFormat.table,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Show the event log; with --follow, poll for new events until Ctrl-C."""
+    """Show the event log oldest first: one page (--limit), or every page with --all-pages
+    or --follow (then poll for new events until Ctrl-C)."""
     with cli_errors(), make_client(url, token) as c:
-        evs = c.events(after=0, object_id=object_id)
+        evs = c.events(after=0, object_id=object_id, limit=limit, every=all_pages or follow)
         if not follow:
             if output == OutputFormat.json:
                 out.print_json(evs)
@@ -318,7 +330,7 @@ def events(
                 else:
                     _print_event_line(ev)
             time.sleep(1.0)
-            evs = c.events(after=last, object_id=object_id)
+            evs = c.events(after=last, object_id=object_id, limit=limit, every=True)
 
 
 def _print_event_line(ev: dict) -> None:

@@ -8,7 +8,16 @@ from typing import Annotated
 import typer
 
 from aicluster.cli import output as out
-from aicluster.cli.common import OutputFormat, OutputOpt, TokenOpt, UrlOpt, cli_errors, make_client
+from aicluster.cli.common import (
+    AllPagesOpt,
+    LimitOpt,
+    OutputFormat,
+    OutputOpt,
+    TokenOpt,
+    UrlOpt,
+    cli_errors,
+    make_client,
+)
 
 TeamOpt = Annotated[str | None, typer.Option("--team", help="team of the service (admins)")]
 
@@ -28,11 +37,16 @@ def deploy(
 
 
 def services(
-    output: OutputOpt = OutputFormat.table, url: UrlOpt = None, token: TokenOpt = None
+    limit: LimitOpt = None,
+    all_pages: AllPagesOpt = False,
+    output: OutputOpt = OutputFormat.table,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
 ) -> None:
-    """List services with their ready replicas and load."""
+    """List services with their ready replicas and load (every one; one page of --limit
+    without --all-pages)."""
     with cli_errors(), make_client(url, token) as c:
-        rows = c.services()
+        rows = c.services(limit, every=all_pages or limit is None)
     if output == OutputFormat.json:
         out.print_json(rows)
         return

@@ -14,7 +14,16 @@ import typer
 from rich.text import Text
 
 from aicluster.cli import output as out
-from aicluster.cli.common import OutputFormat, OutputOpt, TokenOpt, UrlOpt, cli_errors, make_client
+from aicluster.cli.common import (
+    AllPagesOpt,
+    LimitOpt,
+    OutputFormat,
+    OutputOpt,
+    TokenOpt,
+    UrlOpt,
+    cli_errors,
+    make_client,
+)
 
 STATE_STYLES = {"active": "green", "expired": "yellow", "revoked": "red"}
 
@@ -52,13 +61,16 @@ def token_list(
         str | None, typer.Option("--user", help="whose tokens (default: yours; admins: anyone)")
     ] = None,
     all_users: Annotated[bool, typer.Option("--all", help="every user's (admins)")] = False,
+    limit: LimitOpt = None,
+    all_pages: AllPagesOpt = False,
     output: OutputOpt = OutputFormat.table,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """List API tokens without their secrets: id, first characters, times, state."""
+    """List API tokens without their secrets: id, first characters, times, state (every
+    one, oldest first; one page of --limit without --all-pages)."""
     with cli_errors(), make_client(url, token) as c:
-        tokens = c.tokens(user, all_users)
+        tokens = c.tokens(user, all_users, limit, every=all_pages or limit is None)
     if output == OutputFormat.json:
         out.print_json(tokens)
         return

@@ -255,6 +255,28 @@ class Client:
         except ValueError:
             raise ApiError(resp.status_code, f"invalid JSON from {method} {path}") from None
 
+    def page(
+        self, path: str, key: str, params: Any = (), limit: int | None = None, cursor=None
+    ) -> tuple[list, str | None]:
+        """One page of a list route: its rows (under `key`) and the next page's cursor
+        (None at the end). `limit` None: the route's default page size."""
+        extra = [("limit", str(limit))] if limit is not None else []
+        extra += [("cursor", cursor)] if cursor else []
+        items = list(params.items()) if isinstance(params, dict) else list(params)
+        body = self.request_json("GET", path, params=items + extra)
+        return body[key], body.get("next_cursor")
+
+    def listing(
+        self, path: str, key: str, params: Any = (), limit: int | None = None, every=False
+    ) -> list:
+        """The first page of a list route (`limit` rows at most), or with `every` all of
+        it, following `next_cursor` page after page (`limit` then sizes each page)."""
+        rows, cursor = self.page(path, key, params, limit)
+        while every and cursor:
+            more, cursor = self.page(path, key, params, limit, cursor)
+            rows += more
+        return rows
+
     @contextmanager
     def stream(self, method: str, path: str, **kw: Any) -> Iterator[httpx.Response]:
         """A 2xx answer whose body is read as it arrives (`iter_bytes`); a failure,
@@ -297,11 +319,19 @@ class Client:
                 raise SpecError(str(spec_path), [issue]) from None
         return self.submit(_with_requirements(spec, spec_path), workdir)
 
-    def jobs(self, status: Iterable[str] | None = None, team: str | None = None) -> list[dict]:
+    def jobs(
+        self,
+        status: Iterable[str] | None = None,
+        team: str | None = None,
+        limit: int | None = None,
+        every: bool = False,
+    ) -> list[dict]:
+        """Jobs newest first: one page (`limit`, else the server's default), or every
+        page with `every` (Client.listing)."""
         params: list[tuple[str, str]] = [("status", s) for s in status or ()]
         if team:
             params.append(("team", team))
-        return self.request_json("GET", "/v1/jobs", params=params)["jobs"]
+        return self.listing("/v1/jobs", "jobs", params, limit, every)
 
     def job(self, job_id: str) -> dict:
         return self.request_json("GET", f"/v1/jobs/{job_id}")
@@ -391,14 +421,22 @@ class Client:
 
     # cluster
 
-    def nodes(self) -> list[dict]:
-        return self.request_json("GET", "/v1/nodes")["nodes"]
+    def nodes(self, limit: int | None = None, every: bool = True) -> list[dict]:
+        """Every node (each page of the route), or one page of `limit` without `every`."""
+        return self.listing("/v1/nodes", "nodes", (), limit, every)
 
-    def events(self, after: int = 0, object_id: str | None = None) -> list[dict]:
+    def events(
+        self,
+        after: int = 0,
+        object_id: str | None = None,
+        limit: int | None = None,
+        every: bool = False,
+    ) -> list[dict]:
+        """Events after id `after`, oldest first: one page, or every page with `every`."""
         params: dict[str, Any] = {"after": after}
         if object_id:
             params["object_id"] = object_id
-        return self.request_json("GET", "/v1/events", params=params)["events"]
+        return self.listing("/v1/events", "events", params, limit, every)
 
     # administration
 
@@ -421,13 +459,19 @@ class Client:
             body["expires_in"] = expires_in
         return self.request_json("POST", "/v1/tokens", json=body)
 
-    def tokens(self, user: str | None = None, all_users: bool = False) -> list[dict]:
+    def tokens(
+        self,
+        user: str | None = None,
+        all_users: bool = False,
+        limit: int | None = None,
+        every: bool = True,
+    ) -> list[dict]:
         """A user's tokens without their secrets (default: the caller's; admins: anyone's,
-        or everyone's with `all_users`)."""
+        or everyone's with `all_users`): every page, or one of `limit` without `every`."""
         params = {"user": user} if user else {}
         if all_users:
             params["all"] = "true"
-        return self.request_json("GET", "/v1/tokens", params=params)["tokens"]
+        return self.listing("/v1/tokens", "tokens", params, limit, every)
 
     def revoke_token(self, token_id: int) -> dict:
         return self.request_json("POST", f"/v1/tokens/{token_id}/revoke")
@@ -465,8 +509,9 @@ class Client:
             raise SpecError(str(path), [SpecIssue("kind", "expected kind: service", None)])
         return self.deploy(spec.model_dump(mode="json"))
 
-    def services(self) -> list[dict]:
-        return self.request_json("GET", "/v1/services")["services"]
+    def services(self, limit: int | None = None, every: bool = True) -> list[dict]:
+        """Every service (each page), or one page of `limit` without `every`."""
+        return self.listing("/v1/services", "services", (), limit, every)
 
     def service(self, name: str, team: str | None = None) -> dict:
         return self.request_json("GET", f"/v1/services/{name}", params=_team(team))

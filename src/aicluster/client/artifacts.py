@@ -242,9 +242,12 @@ def read_grant(client: Client, version: dict, digests: list[str]) -> dict | None
 # --- the rest -------------------------------------------------------------------------
 
 
-def list_artifacts(client: Client, team: str | None = None) -> list[dict]:
+def list_artifacts(
+    client: Client, team: str | None = None, limit: int | None = None, every: bool = True
+) -> list[dict]:
+    """Every artifact you can read (each page), or one page of `limit` without `every`."""
     params = {"team": team} if team else {}
-    return client.request_json("GET", "/v1/artifacts", params=params)["artifacts"]
+    return client.listing("/v1/artifacts", "artifacts", params, limit, every)
 
 
 def describe(client: Client, name: str) -> dict:

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aicluster.control.logs import LogStore
+from aicluster.control.logs import LogsRemoved, LogStore
 from aicluster.control.workdirs import as_workdirs
-from aicluster.core.lifecycle import JobStatus, Reason
+from aicluster.core.lifecycle import TERMINAL, JobStatus, Reason
 from aicluster.engine.protocol import Engine
 from aicluster.specs.errors import SpecError, SpecIssue
 from aicluster.specs.job import JobSpec
@@ -25,6 +25,7 @@ from aicluster.specs.limits import MAX_WORKDIR_BYTES
 from aicluster.specs.loader import validate_spec
 from aicluster.specs.names import check_name
 from aicluster.specs.workdir import WorkdirInvalid, check_workdir_archive
+from aicluster.store.cursors import DEFAULT_LIMIT
 from aicluster.store.db import Store
 from aicluster.store.identity import Principal, TokenInfo
 from aicluster.store.jobs import JobRecord
@@ -268,13 +269,21 @@ class ApiOps:
     ) -> list[JobRecord]:
         if not who.is_admin:
             team = who.team
-        try:
-            sts = [JobStatus(s.upper()) for s in statuses] if statuses else None
-        except ValueError:
-            raise BadRequest(
-                f"status must be one of {', '.join(s.value for s in JobStatus)}"
-            ) from None
-        return self.store.list_jobs(team=team, statuses=sts)
+        return self.store.list_jobs(team=team, statuses=_statuses(statuses))
+
+    def page_jobs(
+        self,
+        who: Principal,
+        statuses: list[str] | None,
+        team: str | None,
+        limit: int,
+        cursor: str | None,
+    ) -> tuple[list[JobRecord], str | None]:
+        """A page of `list_jobs`, newest first, and the next page's cursor."""
+        if not who.is_admin:
+            team = who.team
+        sts = _statuses(statuses)
+        return self.store.page_jobs(team=team, statuses=sts, limit=limit, cursor=cursor)
 
     def get_job(self, who: Principal, job_id: str) -> JobRecord:
         """A job by its id or, when no job the caller may see has that id, by its name:
@@ -327,22 +336,35 @@ class ApiOps:
         n = len(job.placement or [])
         offsets = [self.logs.offset(job.id, job.attempt, r) for r in range(n)]
         for s in self.engine.status(job.id, job.attempt, offsets):
-            self.logs.append(job.id, job.attempt, s.rank, s.log)
+            self.logs.append(job.id, job.attempt, s.rank, s.log, at=offsets[s.rank])
         self.engine.stop(job.id, job.attempt, n)
 
     def read_logs(
         self, who: Principal, job_id: str, rank: int, attempt: int | None, offset: int
-    ) -> tuple[bytes, JobRecord, int]:
+    ) -> tuple[bytes, JobRecord, int, int]:
+        """(bytes, the job, their attempt, the offset to read next). LogsRemoved when the
+        logs retention deleted the job's logs (control.logs)."""
         job = self.get_job(who, job_id)
         workers = job.spec.workers
         if not 0 <= rank < workers:
             raise BadRequest(f"rank must be between 0 and {workers - 1}")
         attempt = job.attempt if attempt is None else attempt
-        return self.logs.read(job.id, attempt, rank, offset), job, attempt
+        data, nxt = self.logs.read_from(job.id, attempt, rank, offset)
+        if not data and job.status in TERMINAL and (why := self.logs.removed(job.id)):
+            raise LogsRemoved(f"the logs of job {job.id} were removed: {why}")
+        return data, job, attempt, nxt
 
-    def events(self, who: Principal, after: int, object_id: str | None):
+    def events(
+        self,
+        who: Principal,
+        after: int,
+        object_id: str | None,
+        limit: int = DEFAULT_LIMIT,
+        cursor: str | None = None,
+    ):
+        """A page of the events `who` may see, oldest first, and the next page's cursor."""
         team = None if who.is_admin else who.team
-        return self.store.list_events(team=team, object_id=object_id, after=after)
+        return self.store.page_events(team, object_id, after, limit, cursor)
 
     # -- teams and tokens ------------------------------------------------------------
 
@@ -403,3 +425,11 @@ def _decode_workdir(b64: str | None) -> bytes | None:
     except WorkdirInvalid as exc:
         raise BadRequest(f"workdir: {exc}", field="workdir") from None
     return blob
+
+
+def _statuses(statuses: list[str] | None) -> list[JobStatus] | None:
+    try:
+        return [JobStatus(s.upper()) for s in statuses] if statuses else None
+    except ValueError:
+        names = ", ".join(s.value for s in JobStatus)
+        raise BadRequest(f"status must be one of {names}", field="status") from None

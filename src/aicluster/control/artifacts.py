@@ -198,18 +198,22 @@ class ArtifactService:
 
     # -- reading ------------------------------------------------------------------------
 
-    def list_artifacts(self, who: Principal, team: str | None = None) -> list[ArtifactRecord]:
+    def list_artifacts(
+        self, who: Principal, team: str | None = None, limit: int | None = None, cursor=None
+    ) -> list[ArtifactRecord]:
+        """What `who` may read (of `team` when given), in (team, name) order; `limit` rows
+        after `cursor` (a (team, name) key, store.cursors) when given."""
         if team is not None:
             try:
                 check_team(team)
             except RefError as exc:
                 raise BadRequest(str(exc)) from None
+        index = self.artifacts.index
         if who.is_admin:
-            return self.artifacts.index.list_artifacts(team)
+            return index.list_artifacts(team, limit=limit, after=cursor)
         if who.team is None:
             return []
-        arts = self.artifacts.index.list_artifacts(who.team)
-        return [a for a in arts if team is None or a.team == team]
+        return index.list_artifacts(who.team, limit=limit, after=cursor, owner=team)
 
     def get(self, who: Principal, name: str) -> tuple[ArtifactRecord, list[VersionRecord]]:
         ref = self.ref(who, name)

@@ -7,6 +7,8 @@ One `tick()` is one level-triggered pass:
    FAILED(exit_code | node_lost | worker_lost) or go back to PENDING to restart;
 3. admission: `core.scheduler.plan_cycle(snapshot, clock, policy)` over pending jobs
    and service replicas, then its decisions applied (Preempts first, then Admits/Waits);
+   the pending jobs are kept across ticks and re-read only where they changed
+   (control.snapshot.PendingJobs), and only waits that say something new are written;
 4. garbage: any gang in Ray that no live job attempt owns is stopped.
 
 Launches run on a thread pool so that one slow gang does not stall the loop.
@@ -26,6 +28,7 @@ from aicluster.control.logs import LogStore
 from aicluster.control.oplog import decision as log_decision
 from aicluster.control.recovery import newest_checkpoint, recovery
 from aicluster.control.snapshot import (
+    PendingJobs,
     WorkloadSource,
     build_snapshot,
     job_artifact_keys,
@@ -106,6 +109,7 @@ class Controller:
         # Other kinds of workload (service replicas) that share the cluster and the cycle.
         self.sources: list[WorkloadSource] = []
         self.last_gc = 0.0
+        self.pending = PendingJobs(store)  # kept across ticks: read what changed only
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=False)
@@ -119,6 +123,7 @@ class Controller:
         self.last_heard.clear()
         self.alive = None
         self.last_gc = 0.0
+        self.pending.reset()
 
     # -- the loop -------------------------------------------------------------------
 
@@ -141,7 +146,7 @@ class Controller:
                 source.reconcile(self.nodes, self.alive or set(), draining)
             except Exception:
                 log.exception("reconciling %s", type(source).__name__)
-        active = self.store.list_jobs(statuses=ACTIVE)
+        active = self.store.list_jobs(statuses=ACTIVE, limit=None)
         for gone in self.last_heard.keys() - {j.id for j in active}:  # ended, cancelled
             del self.last_heard[gone]
         for job in active:
@@ -179,7 +184,7 @@ class Controller:
         """Past the grace period, stop and requeue the jobs still on draining nodes;
         a draining node with nothing of aicluster left on it becomes Cordoned."""
         busy: set[str] = set()
-        for job in self.store.list_jobs(statuses=ACTIVE):
+        for job in self.store.list_jobs(statuses=ACTIVE, limit=None):
             on = draining & set(job.placement or [])
             if not on:
                 continue
@@ -340,7 +345,7 @@ class Controller:
             offsets = [self.logs.offset(job.id, job.attempt, r) for r in range(n)]
             states = self.engine.status(job.id, job.attempt, offsets)
             for s in states:
-                self.logs.append(job.id, job.attempt, s.rank, s.log)
+                self.logs.append(job.id, job.attempt, s.rank, s.log, at=offsets[s.rank])
             if not any(len(s.log) >= (1 << 20) for s in states):
                 return states
 
@@ -429,9 +434,10 @@ class Controller:
     # -- admission --------------------------------------------------------------------
 
     def _admit(self) -> None:
-        pending = self.store.list_jobs(statuses=[JobStatus.PENDING])
-        pending_views = [job_workload(j, self.artifact_nodes) for j in pending]
-        active_views = [job_workload(j) for j in self.store.list_jobs(statuses=ACTIVE)]
+        pending = self.pending.refresh()  # every PENDING job, read only where it changed
+        pending_views = self.pending.views(pending, self.artifact_nodes)
+        active = self.store.list_jobs(statuses=ACTIVE, limit=None)
+        active_views = [job_workload(j) for j in active]
         for source in self.sources:
             pending_views += source.pending_workloads()
             active_views += source.active_workloads()
@@ -451,7 +457,7 @@ class Controller:
             self.nodes, pending_views, active_views, blocked, quotas, self.limits()
         )
         by_id = {j.id: j for j in pending}
-        queue = []
+        queue, waits = [], []
         for decision in plan_cycle(snapshot, self.clock(), self.policy):
             if isinstance(decision, Wait):
                 queue.append((decision.workload_id, decision.reason, decision.kind))
@@ -464,7 +470,9 @@ class Controller:
             elif isinstance(decision, Admit):
                 self._launch(job, decision)
             elif isinstance(decision, Wait):
-                self._wait(job, decision)
+                self._wait(job, decision, waits)
+        if waits:  # in batches, not a transaction per job
+            self.store.set_wait_messages(waits)
         self.queue = queue
 
     def _preempt(self, decision: Preempt) -> None:
@@ -523,20 +531,27 @@ class Controller:
         for key in job_artifact_keys(rec.spec):
             self.artifact_nodes.setdefault(key, set()).update(decision.placement)
 
-    def _wait(self, job: JobRecord, decision: Wait) -> None:
+    def _wait(self, job: JobRecord, decision: Wait, waits: list) -> None:
+        """Fail a job that could never fit past its max_pending_seconds; else add its wait
+        to `waits` (written at the end of the cycle) when it says something new."""
         limit = job.spec.max_pending_seconds
         if decision.never_fits and limit and self.clock() - job.created_at > limit:
             self._fail(job, Reason.COULD_NEVER_FIT, decision.reason)
-        else:
-            self.store.set_wait_message(job.id, decision.reason, decision.kind)
+        elif job.message != decision.reason or job.wait_kind != decision.kind:
+            # The record was read PENDING this tick; only this loop writes a pending job's
+            # wait, so an unchanged one needs no write (set_wait_messages would compare
+            # and write nothing): the tick costs what changed, not the queue.
+            waits.append((job.id, decision.reason, decision.kind))
 
     # -- garbage --------------------------------------------------------------------
 
     def collect_garbage(self) -> None:
         """Stop gangs that no live attempt owns (cancelled mid-launch, crashed, stale);
-        revoke the tokens of jobs that ended."""
+        revoke the tokens of jobs that ended; delete what they left (control.workdirs,
+        control.logs: small transactions, a bounded number per call)."""
         self.store.revoke_tokens_of_finished_jobs()
         self.workdirs.collect()  # the archives of ended jobs
+        self.logs.collect()  # the logs of jobs ended longer ago than their retention
         for job_id, attempt in self.engine.running_gangs():
             fut = self.launching.get(job_id)
             in_flight = fut is not None and not fut.done()

@@ -411,8 +411,9 @@ class ServiceLoop:
 
     def _pull(self, rep: ReplicaRecord):
         gid = ReplicaId(rep.id).gang_id
-        state = self.engine.status(gid, 1, [self.logs.offset(gid, 1, 0)])[0]
-        self.logs.append(gid, 1, 0, state.log)
+        at = self.logs.offset(gid, 1, 0)
+        state = self.engine.status(gid, 1, [at])[0]
+        self.logs.append(gid, 1, 0, state.log, at=at)  # pulled from `at`: stored once
         return state
 
     def _fail(self, rep: ReplicaRecord, reason: RR, message: str) -> None:

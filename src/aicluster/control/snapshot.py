@@ -7,9 +7,11 @@ there, so decisions never depend on Ray's view of free resources lagging behind.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
+from aicluster.core.lifecycle import JobStatus
 from aicluster.core.model import (
     GangRequest,
     NodeView,
@@ -46,6 +48,14 @@ class WorkloadView:
     preferred_nodes: tuple[str, ...] = ()  # nodes that cache its artifacts (a soft hint)
 
     def gang(self) -> GangRequest:
+        """Its GangRequest, made once (both are immutable): a view kept across ticks
+        (PendingJobs.views) costs nothing to hand the scheduler again."""
+        made = self.__dict__.get("_gang")
+        if made is None:
+            made = self.__dict__["_gang"] = self._make_gang()
+        return made
+
+    def _make_gang(self) -> GangRequest:
         return GangRequest(
             workload_id=self.workload_id,
             team=self.team,
@@ -154,6 +164,57 @@ def build_snapshot(
         quotas=tuple(quotas),
         limits=tuple(limits),
     )
+
+
+class PendingJobs:
+    """The PENDING jobs, kept across ticks and brought up to date from the event log:
+    each refresh reads only the jobs that changed since the last one (every write to a job
+    writes its event in the same transaction: store.jobs.jobs_changed_since), so a tick
+    costs what changed, not everything queued.
+
+    Invariant: `refresh` answers exactly the jobs that were PENDING at a moment no older
+    than its start, each as read then, newest first like `Store.list_jobs(limit=None)`. A full read happens on the first refresh, after `reset` (a new term
+    of leadership) and every `resync_s` seconds, as a safety net."""
+
+    def __init__(self, store, resync_s: float = 60.0, clock=time.monotonic):
+        self.store, self.resync_s, self.clock = store, resync_s, clock
+        self._jobs: dict[str, JobRecord] = {}
+        self._views: dict[str, tuple[JobRecord, WorkloadView]] = {}
+        self._mark: int | None = None  # event id the cache is current to
+        self._full_at = float("-inf")
+
+    def reset(self) -> None:
+        self._mark = None
+
+    def refresh(self) -> list[JobRecord]:
+        pending = JobStatus.PENDING
+        if self._mark is None or self.clock() - self._full_at >= self.resync_s:
+            mark = self.store.event_mark()  # before the read: later changes are re-read
+            jobs = self.store.list_jobs(statuses=[pending], limit=None)
+            self._jobs = {j.id: j for j in jobs}
+            self._mark, self._full_at = mark, self.clock()
+        else:
+            changed, self._mark = self.store.jobs_changed_since(self._mark)
+            for gone in changed:
+                self._jobs.pop(gone, None)
+            for j in self.store.get_jobs(changed):
+                if j.status == pending:
+                    self._jobs[j.id] = j
+        return sorted(self._jobs.values(), key=lambda j: -j.seq)
+
+    def views(self, jobs: list[JobRecord], where: dict[str, set[str]]) -> list[WorkloadView]:
+        """`job_workload` of each of `jobs` (from `refresh`): the view made last time when
+        the record is the same one and the job has no inputs (else its preferred nodes,
+        from `where`, may have changed since)."""
+        kept, out = {}, []
+        for j in jobs:
+            hit = self._views.get(j.id)
+            view = hit[1] if hit is not None and hit[0] is j else job_workload(j, where)
+            if not j.spec.inputs:
+                kept[j.id] = (j, view)
+            out.append(view)
+        self._views = kept
+        return out
 
 
 class WorkloadSource(Protocol):

@@ -34,6 +34,19 @@ class TokenOps:
         now = self.store.clock()
         return [token_json(t, now) for t in self.store.list_tokens(shown)]
 
+    def page(
+        self, who: Principal, user: str | None, everyone: bool, limit: int, cursor: str | None
+    ) -> tuple[list[dict], str | None]:
+        """A page of `list` (oldest first) and the next page's cursor (store.cursors)."""
+        if (everyone or user not in (None, who.user)) and not who.is_admin:
+            raise ForbiddenError("only admins list another user's tokens")
+        if user is not None and self.store.get_user(user) is None:
+            raise NotFoundError(f"user {user!r} not found")
+        shown = None if everyone else (user or who.user)
+        now = self.store.clock()
+        tokens, more = self.store.page_tokens(shown, limit, cursor)
+        return [token_json(t, now) for t in tokens], more
+
     def revoke(self, who: Principal, token_id: int) -> dict:
         t = self.store.get_token(token_id)
         if t is None or (t.user != who.user and not who.is_admin):

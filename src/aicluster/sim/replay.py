@@ -7,7 +7,8 @@ control plane would and applies the decisions of the same `plan_cycle`:
   (plus `restore_s` when it resumes from a checkpoint);
 - Preempt: the gang stops now; the work since its last checkpoint (every
   `checkpoint_every_s` from its start) is lost, the rest is kept; it is queued again,
-  with its GPU-seconds so far as attained service; a new cycle runs at once;
+  with its GPU-seconds so far as attained service; a new cycle runs at once; the
+  finish event of the stopped attempt is stale and wakes nobody (no cycle runs for it);
 - Wait with never_fits: the job is rejected (it would wait forever) and reported.
 
 Like a real scheduler's queue depth, the policy sees at most `queue_depth` pending gangs
@@ -86,6 +87,7 @@ class SimResult:
     # per team: (seconds with gangs queued, GPU-seconds held during those seconds)
     queued_by_team: dict[str, tuple[float, float]] = field(default_factory=dict)
     unfinished: int = 0
+    loops: int = 0  # instants where the policy went round in a loop (`_Sim.plan`)
 
 
 class _Sim:
@@ -108,6 +110,7 @@ class _Sim:
         # arrival alone reuses the nodes, running and usage of the one before)
         self.parts: dict[str, tuple] = {}
         self.visible: dict[str, tuple[GangRequest, ...]] = {}  # team -> its visible gangs
+        self.loops = 0  # instants left because the policy went round in a loop (`plan`)
 
     def _gang(self, j: TraceJob) -> GangRequest:
         workers, per = j.shape(self.node_gpus)
@@ -266,20 +269,26 @@ class _Sim:
         return preempted, admitted
 
     def plan(self, now: float) -> None:
-        """Cycles at `now` until one changes nothing more: after a preemption, or while
-        admissions let gangs beyond the queue depth come into view. At most 4 cycles that
-        preempt at one instant: a policy that preempts what it admitted a cycle before
-        (and admits what it preempted) would otherwise spin there forever; time moves on
-        to the next event instead."""
-        preemptions = 0
+        """Cycles at `now` until one changes nothing more: after a preemption (the room it
+        freed is given out at once), or while admissions let gangs beyond the queue depth
+        come into view. A safety net against a policy that preempts what it admitted at
+        this instant (and admits what it preempted), which would spin here for ever: once
+        a preempting cycle leaves the same set of running workloads as an earlier one at
+        this instant, time moves on to the next event. (`fair` reserves the room it frees
+        for the gang it freed it for and does not spin; a cascade of preemptions, each
+        for another gang, is not cut short, unlike the cap of 4 preempting cycles per
+        instant this replaced.)"""
+        seen: set[frozenset[str]] = set()
         while True:
             truncated = self.truncated()
             preempted, admitted = self.cycle(now)
             if preempted:
-                preemptions += 1
-                if preemptions < 4:
-                    continue
-                return
+                state = frozenset(self.runs)
+                if state in seen:
+                    self.loops += 1
+                    return
+                seen.add(state)
+                continue
             if not (admitted and truncated and any(self.queues.values())):
                 return
 
@@ -292,10 +301,18 @@ class _Sim:
                     acc[0] += now - since
                     acc[1] += (now - since) * self.team_gpus[team]
 
+    def _drop_stale(self) -> None:
+        """Forget the finish events of preempted attempts at the head of the queue: the
+        attempt is gone and its finish time means nothing, so it triggers no cycle."""
+        finishes, records = self.finishes, self.records
+        while finishes and finishes[0][2] != records[finishes[0][1]].version:
+            heapq.heappop(finishes)
+
     def run(self) -> None:
         n, nxt, last = len(self.records), 0, -float("inf")
         prev = self.records[0].job.submit if n else 0.0
         while True:
+            self._drop_stale()
             times = [self.finishes[0][0]] if self.finishes else []
             if nxt < n:
                 times.append(self.records[nxt].job.submit)
@@ -343,4 +360,5 @@ def simulate(
         gpu_s_by_team=dict(sim.gpu_s),
         queued_by_team=queued,
         unfinished=unfinished,
+        loops=sim.loops,
     )

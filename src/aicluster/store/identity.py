@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
+from aicluster.store.cursors import DEFAULT_LIMIT, check_limit, decode, page_of
 from aicluster.store.errors import Conflict, NotFound
 from aicluster.store.schema import JobRow, TeamRow, TokenRow, UserRow
 
@@ -160,6 +161,19 @@ class IdentityStore:
             q = q.where(TokenRow.user == user)
         with self._session() as s:
             return [TokenInfo.of(r) for r in s.scalars(q)]
+
+    def page_tokens(
+        self, user: str | None, limit: int = DEFAULT_LIMIT, cursor: str | None = None
+    ) -> tuple[list[TokenInfo], str | None]:
+        """A page of `list_tokens`, oldest first, and the next page's cursor: a keyset read
+        on id (ix_tokens_user_id); BadCursor for a bad cursor."""
+        (last,) = decode(cursor, "tokens", int) or (0,)
+        q = select(TokenRow).where(TokenRow.scope == "user", TokenRow.id > last)
+        if user is not None:
+            q = q.where(TokenRow.user == user)
+        with self._session() as s:
+            rows = s.scalars(q.order_by(TokenRow.id).limit(check_limit(limit) + 1))
+            return page_of([TokenInfo.of(r) for r in rows], limit, "tokens", lambda t: (t.id,))
 
     def get_token(self, token_id: int) -> TokenInfo | None:
         """A user token by id (None for a job's token or none)."""

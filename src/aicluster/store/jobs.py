@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from aicluster.core.lifecycle import JobStatus, Reason, RequeueCause, check_transition
 from aicluster.core.model import WaitKind
 from aicluster.specs.job import JobSpec
+from aicluster.store.cursors import DEFAULT_LIMIT, check_limit, decode, page_of
 from aicluster.store.errors import Conflict, NotFound
 from aicluster.store.schema import EventRow, JobRow, TeamRow
 
@@ -211,12 +212,45 @@ class JobStore:
         with self._session() as s:
             return [JobRecord.of(r) for r in s.scalars(q.order_by(JobRow.seq.desc()))]
 
+    def get_jobs(self, job_ids: Iterable[str]) -> list[JobRecord]:
+        """The jobs of these ids that exist (any order), in batches on the id index."""
+        ids = sorted(set(job_ids))
+        out: list[JobRecord] = []
+        with self._session() as s:
+            for i in range(0, len(ids), 500):
+                q = select(JobRow).where(JobRow.id.in_(ids[i : i + 500]))
+                out += [JobRecord.of(r) for r in s.scalars(q)]
+        return out
+
+    def jobs_changed_since(self, after: int) -> tuple[set[str], int]:
+        """The ids of the jobs that changed after event id `after` (every write to a job
+        writes its event in the same transaction: submit, transition, wait message), and
+        the event id to pass next time. Never past the event horizon, so none is missed."""
+        top = max(after, self.event_mark())
+        with self._session() as s:
+            q = (
+                select(EventRow.object_id)
+                .where(EventRow.id > after, EventRow.id <= top, EventRow.kind == "job")
+                .distinct()
+            )
+            return set(s.scalars(q)), top
+
+    def event_mark(self) -> int:
+        """The greatest event id a reader may move its cursor to now (the event horizon;
+        on SQLite the greatest id): every event at or below it is committed."""
+        horizon = self.event_horizon()
+        if horizon is not None:
+            return horizon
+        with self._session() as s:
+            return s.scalar(select(func.max(EventRow.id))) or 0
+
     def list_jobs(
         self,
         team: str | None = None,
         statuses: Iterable[JobStatus] | None = None,
-        limit: int = 1000,
+        limit: int | None = 1000,
     ) -> list[JobRecord]:
+        """Newest first; `limit` None: every one (the reconcile loop must see them all)."""
         q = select(JobRow).order_by(JobRow.seq.desc()).limit(limit)
         if team is not None:
             q = q.where(JobRow.team == team)
@@ -224,6 +258,27 @@ class JobStore:
             q = q.where(JobRow.status.in_([st.value for st in statuses]))
         with self._session() as s:
             return [JobRecord.of(r) for r in s.scalars(q)]
+
+    def page_jobs(
+        self,
+        team: str | None = None,
+        statuses: Iterable[JobStatus] | None = None,
+        limit: int = DEFAULT_LIMIT,
+        cursor: str | None = None,
+    ) -> tuple[list[JobRecord], str | None]:
+        """A page of jobs newest first and the next page's cursor (store.cursors): a keyset
+        read on `seq` (ix_jobs_status_seq, ix_jobs_team_seq); BadCursor for a bad cursor."""
+        (before,) = decode(cursor, "jobs", int) or (None,)
+        q = select(JobRow).order_by(JobRow.seq.desc()).limit(check_limit(limit) + 1)
+        if before is not None:
+            q = q.where(JobRow.seq < before)
+        if team is not None:
+            q = q.where(JobRow.team == team)
+        if statuses is not None:
+            q = q.where(JobRow.status.in_([st.value for st in statuses]))
+        with self._session() as s:
+            rows = [JobRecord.of(r) for r in s.scalars(q)]
+        return page_of(rows, limit, "jobs", lambda j: (j.seq,))
 
     def transition(
         self,
@@ -302,6 +357,28 @@ class JobStore:
                 s, "job", job_id, row.team, "JobWaiting", reason=kind.value, message=message
             )
             return True
+
+    def set_wait_messages(self, waits: list[tuple[str, str, WaitKind]]) -> int:
+        """`set_wait_message` for many (job id, message, kind) at once, a few hundred per
+        transaction (one commit each, not one per job); how many changed."""
+        changed = 0
+        for i in range(0, len(waits), 500):
+            batch = waits[i : i + 500]
+            with self._session.begin() as s:
+                q = select(JobRow).where(JobRow.id.in_([w[0] for w in batch]))
+                rows = {r.id: r for r in s.scalars(q)}
+                for job_id, message, kind in batch:
+                    row = rows.get(job_id)
+                    if row is None or row.status != JobStatus.PENDING.value:
+                        continue
+                    if row.message == message and row.wait_kind == kind.value:
+                        continue
+                    row.message, row.wait_kind, row.updated_at = message, kind.value, self.clock()
+                    self._event(
+                        s, "job", job_id, row.team, "JobWaiting", reason=kind.value, message=message
+                    )
+                    changed += 1
+        return changed
 
     def set_running_message(
         self, job_id: str, attempt: int, message: str, event: str | None = None, reason=None
@@ -395,6 +472,20 @@ class JobStore:
         with self.engine.begin() as conn:
             conn.execute(text("LOCK TABLE events IN SHARE MODE"))
             return conn.scalar(select(func.max(EventRow.id))) or 0
+
+    def page_events(
+        self,
+        team: str | None = None,
+        object_id: str | None = None,
+        after: int = 0,
+        limit: int = DEFAULT_LIMIT,
+        cursor: str | None = None,
+    ) -> tuple[list[EventRecord], str | None]:
+        """A page of events oldest first, after id `after` and after the `cursor` (the
+        later of the two), and the next page's cursor (None: no more events yet)."""
+        (last,) = decode(cursor, "events", int) or (0,)
+        rows = self.list_events(team, object_id, max(after, last), check_limit(limit) + 1)
+        return page_of(rows, limit, "events", lambda e: (e.id,))
 
     def list_events(
         self,

@@ -29,6 +29,7 @@ class UserRow(Base):
 
 class TokenRow(Base):
     __tablename__ = "tokens"
+    __table_args__ = (Index("ix_tokens_user_id", "user", "id"),)  # pages of a user's (0027)
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     user: Mapped[str] = mapped_column(ForeignKey("users.name"))
     digest: Mapped[str] = mapped_column(String(64), unique=True, index=True)
@@ -48,7 +49,12 @@ class TokenRow(Base):
 class JobRow(Base):
     __tablename__ = "jobs"
     # A job's name resolves to the newest job of that name (in a team): Store.newest_jobs_named.
-    __table_args__ = (Index("ix_jobs_name_team", "name", "team"),)
+    # Pages of a status's or a team's jobs, newest first, are keyset reads on seq (0027).
+    __table_args__ = (
+        Index("ix_jobs_name_team", "name", "team"),
+        Index("ix_jobs_status_seq", "status", "seq"),
+        Index("ix_jobs_team_seq", "team", "seq"),
+    )
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     id: Mapped[str] = mapped_column(String(80), unique=True, index=True)
     name: Mapped[str] = mapped_column(String(64))
@@ -76,6 +82,11 @@ class JobRow(Base):
 
 class EventRow(Base):
     __tablename__ = "events"
+    # Pages of a team's or an object's events are keyset reads on id (0027).
+    __table_args__ = (
+        Index("ix_events_team_id", "team", "id"),
+        Index("ix_events_object_id_id", "object_id", "id"),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     ts: Mapped[float] = mapped_column(Float, index=True)
     kind: Mapped[str] = mapped_column(String(16))  # job | node | team | token

@@ -10,10 +10,11 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import select, tuple_, update
 
 from aicluster.core.replica import LIVE, ReplicaReason, ReplicaStatus, check_replica_transition
 from aicluster.specs.service import ServiceSpec
+from aicluster.store.cursors import DEFAULT_LIMIT, check_limit, decode, page_of
 from aicluster.store.db import Store
 from aicluster.store.errors import Conflict, NotFound
 from aicluster.store.jobs import fields_of
@@ -103,6 +104,21 @@ class ServiceStore:
             q = q.where(ServiceRow.team == team)
         with self._session() as s:
             return [ServiceRecord.of(r) for r in s.scalars(q)]
+
+    def page(
+        self, team: str | None = None, limit: int = DEFAULT_LIMIT, cursor: str | None = None
+    ) -> tuple[list[ServiceRecord], str | None]:
+        """A page of `list` in (team, name) order and the next page's cursor: a keyset read
+        on uq_services_team_name; BadCursor for a bad cursor."""
+        after = decode(cursor, "services", str, str)
+        q = select(ServiceRow).order_by(ServiceRow.team, ServiceRow.name)
+        if after is not None:
+            q = q.where(tuple_(ServiceRow.team, ServiceRow.name) > tuple_(*after))
+        if team is not None:
+            q = q.where(ServiceRow.team == team)
+        with self._session() as s:
+            rows = [ServiceRecord.of(r) for r in s.scalars(q.limit(check_limit(limit) + 1))]
+        return page_of(rows, limit, "services", lambda r: (r.team, r.name))
 
     def update(self, seq: int, actor: str | None = None, **values) -> ServiceRecord:
         """`spec`, if given, is a ServiceSpec (stored as its JSON)."""

@@ -13,8 +13,10 @@ what changed rather than with the cluster: the free-capacity index and the quota
 the last snapshot, brought up to date node by node and account by account, and answers
 that depend only on the nodes' shape and the quotas. A cycle decides on them (its
 tentative changes journaled) and `decisions()` undoes those changes before it returns:
-decide on the snapshot first, apply after. A decision depends only on the snapshot and
-the clock, never on which snapshots came before (tests/unit/test_sim_speed_invariance).
+decide on the snapshot first, apply after. What the memo keeps never changes a
+decision: given the same snapshot and clock, a cycle decides as one planned from nothing
+(tests/unit/test_sim_speed_invariance). Decision state a policy keeps on purpose lives
+outside the memo (`fair`'s reservations of the room it preempted for a gang).
 """
 
 from __future__ import annotations
@@ -192,12 +194,15 @@ class Cycle:
     def running_of(self, team: str, pool: str) -> list[RunningWorkload]:
         """The snapshot's running workloads of `team` in `pool` (do not change the list)."""
         by_team = self._kept_groups()[1]
-        found = by_team.get((team, pool))
-        if found is None:
-            found = by_team[(team, pool)] = [
-                r for r in self.snapshot.running if r.pool == pool and r.gang.team == team
-            ]
-        return found
+        if not by_team:  # every team's at once: one pass over the running workloads
+            by_team[None] = []  # grouped (even when nothing runs)
+            for r in self.snapshot.running:
+                found = by_team.get((r.gang.team, r.pool))
+                if found is None:
+                    by_team[(r.gang.team, r.pool)] = [r]
+                else:
+                    found.append(r)
+        return by_team.get((team, pool)) or []
 
     def running_in(self, pool: str) -> list[RunningWorkload]:
         """The snapshot's running workloads charged to `pool` (do not change the list)."""

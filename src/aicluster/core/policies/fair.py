@@ -21,8 +21,22 @@ beyond what is left of its team's guarantee tries to borrow at once, in its turn
 quota refuses it, the team's later gangs in the pools where it has a quota wait behind
 it, so that smaller gangs of the same team cannot keep taking the guarantee it needs.
 
+Reservations (decision state kept across cycles, in `reservations`, unlike `memo`,
+which only saves work): the room a guaranteed gang freed by preempting is kept for it.
+Each cycle first tries the gangs that hold a reservation, before any other gang (starving
+borrowers included), in the pool they preempted in; while victims are still stopping,
+their nodes are held and the gang's guarantee charged, so nothing else takes the room and
+nothing new is preempted for it (the victims still running are asked to stop again). A reservation ends when its gang is admitted, leaves
+the queue (or the policy's view), is refused by its quota (guarantee + what its cohort
+lends: a gang of its team admitted since may hold part of the guarantee), or cannot fit
+although every victim has stopped (or `reserve_for_s` has passed): it can no longer help.
+Without it, the next cycle gave the freed room to a starving borrower tried first, which
+the guaranteed gang preempted again, for ever.
+
 Invariants: guarantee + borrowing limit is never exceeded; a gang within its team's
-guarantee is never kept out by borrowed work for longer than the preemption takes.
+guarantee is never kept out by borrowed work for longer than the preemption takes; work
+preempted for a gang is preempted once: in the next cycle after its victims have
+stopped, that gang is admitted (or its reservation ends for one of the reasons above).
 """
 
 from __future__ import annotations
@@ -30,8 +44,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
+from typing import NamedTuple
 
-from aicluster.core.model import Decision, GangRequest, Snapshot, WaitKind
+from aicluster.core.model import Decision, GangRequest, Preempt, Snapshot, WaitKind
 from aicluster.core.policies.base import Cycle, Refusal
 from aicluster.core.policies.fifo import hold_for_starving
 from aicluster.core.policies.preemption import Reclaimer
@@ -46,7 +61,10 @@ class FairPolicy:
         10 * 3600.0,
     )  # GPU-seconds per LAS level
     starve_after_s: float = 6 * 3600.0
+    reserve_for_s: float = 900.0  # the longest a reservation waits for its victims to stop
     memo: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+    # workload id -> FreedRoom: decisions depend on it (see the module docstring)
+    reservations: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def order_key(self, g: GangRequest, clock: float) -> tuple:
         starving = clock - g.submitted_at >= self.starve_after_s
@@ -59,7 +77,10 @@ class FairPolicy:
         deferred: dict[str, list[GangRequest]] = {}
         closed: dict[tuple, str] = {}  # (cohort, pool) -> starving gang it lends to only
         kept: dict[tuple, str] = {}  # (team, pool) -> starving gang its GPUs are kept for
+        decided = self._reserved(c, reclaimer)
         for g in sorted(snapshot.pending, key=lambda g: self.order_key(g, clock)):
+            if g.workload_id in decided:
+                continue
             ahead = next((kept[(g.team, p)] for p in c.pools_for(g) if (g.team, p) in kept), None)
             if ahead is not None:
                 c.wait(
@@ -94,6 +115,13 @@ class FairPolicy:
         for pool in pools if reclaimer is not None else ():
             n = reclaimer.reclaim(g, pool)
             if n:
+                victims = reclaimer.victims
+                self.reservations[g.workload_id] = FreedRoom(
+                    pool,
+                    frozenset(r.workload_id for r in victims),
+                    reclaimer.room,
+                    c.clock,
+                )
                 c.wait(
                     g,
                     f"preempting {n} workload(s) to give team {g.team} its guaranteed "
@@ -102,6 +130,52 @@ class FairPolicy:
                 )
                 return
         self._wait_starving(c, g, refusal)
+
+    def _reserved(self, c: Cycle, reclaimer) -> set[str]:
+        """Decide the gangs holding a reservation, first: admitted in its pool, or waiting
+        with its victims' nodes held while they stop; the ids decided. Ends reservations
+        that can no longer help (module docstring)."""
+        held = self.reservations
+        if not held:
+            return set()
+        pending = {g.workload_id: g for g in c.snapshot.pending}
+        for wid in [w for w in held if w not in pending]:
+            del held[wid]  # admitted, or gone from the queue
+        decided: set[str] = set()
+        # its quota as any gang's: a gang of its team admitted after the preemption, above
+        # the guarantee then charged to this one, has since become the one that borrows
+        rule = lambda g, pool: c.book.admissible(g.team, pool, g.total, borrow=True)
+        for g in sorted((pending[w] for w in held), key=lambda g: self.order_key(g, c.clock)):
+            wid = g.workload_id
+            res = held[wid]
+            if res.pool not in c.index.pools:
+                del held[wid]
+                continue
+            refusal = c.try_admit(g, rule, [res.pool])
+            if refusal is None:
+                del held[wid]
+                decided.add(wid)
+                continue
+            stopping = [r for r in c.running_in(res.pool) if r.workload_id in res.victims]
+            if not refusal.room or not stopping or c.clock - res.since > self.reserve_for_s:
+                del held[wid]  # its quota refuses it now, or no stopping victim holds room
+                continue
+            c.index.hold(res.nodes)
+            c.book.charge(g.team, res.pool, g.total)
+            for r in stopping:  # asked again (a stop the control plane missed), nobody new
+                c.preempts.append(
+                    Preempt(r.workload_id, f"preempted for {wid} of team {g.team}: still running")
+                )
+            if reclaimer is not None:
+                reclaimer.gone.update(r.workload_id for r in stopping)
+            c.wait(
+                g,
+                f"waiting for {len(stopping)} workload(s) preempted for it to stop in pool "
+                f"{res.pool} (their room is kept for it)",
+                WaitKind.PREEMPTING,
+            )
+            decided.add(wid)
+        return decided
 
     def _borrowing(self, c: Cycle, deferred: dict[str, list[GangRequest]], closed) -> None:
         """Teams in turn, smallest weighted borrowed share first; each turn one gang."""
@@ -149,6 +223,16 @@ class FairPolicy:
                     key = (c.book.account(g.team, pool).cohort, pool)
                     closed.setdefault(key, g.workload_id)
         c.wait(g, reason, kind)
+
+
+class FreedRoom(NamedTuple):
+    """Room preempted for a gang: the pool, the victims' ids, the nodes its room is on
+    (the victims' and those it was to be placed on), and when."""
+
+    pool: str
+    victims: frozenset[str]
+    nodes: frozenset[str]
+    since: float
 
 
 def _quota_refused(refusal: Refusal | None) -> bool:

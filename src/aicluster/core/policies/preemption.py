@@ -12,14 +12,18 @@ not to need is spared (checked newest-taken first).
 
 Invariants: only preemptible workloads are chosen; a team stops being a victim as soon
 as its tentative usage is no longer above its guarantee; nothing is placed on the
-victims' room in the cycle that preempts them (they hold it until they have stopped);
+victims' room in the cycle that preempts them (they hold it until they have stopped),
+nor on the free room the gang counts on besides theirs (taken for it: the rest of those
+nodes stays usable);
 the gang's quota is charged, so two gangs never claim the same victims. The gang
 itself waits: it starts in a later cycle, once the victims have stopped.
 """
 
 from __future__ import annotations
 
-from aicluster.core.model import GangRequest, Preempt, RunningWorkload
+from collections import Counter
+
+from aicluster.core.model import GangRequest, Preempt, Res, RunningWorkload
 from aicluster.core.policies.base import Cycle
 
 
@@ -49,6 +53,10 @@ class Reclaimer:
         self.c = c
         self.gone: set[str] = set()
         self.failed: set[tuple] = set()
+        # of the last reclaim that succeeded: its victims, and the nodes its room is on
+        # (the victims' and those it would place the gang on)
+        self.victims: list[RunningWorkload] = []
+        self.room: frozenset[str] = frozenset()
 
     def reclaim(self, g: GangRequest, pool: str) -> int:
         """Preempt for `g` in `pool`; the number of victims (0: not possible now)."""
@@ -94,6 +102,9 @@ class Reclaimer:
     def _commit(self, g: GangRequest, pool: str, victims: list[RunningWorkload]) -> int:
         c = self.c
         c.book.charge(g.team, pool, g.total)
+        placement = c.index.place(g, pool) or ()
+        self.victims = victims
+        self.room = frozenset(placement).union(*(r.placement for r in victims))
         for r in victims:
             c.index.take(r.placement, r.gang.per_worker)  # theirs until they have stopped
             self.gone.add(r.workload_id)
@@ -108,4 +119,25 @@ class Reclaimer:
                     f"preempted for {g.workload_id} of team {g.team}: {why}",
                 )
             )
+        self._keep_free_room(g, placement, victims)
         return len(victims)
+
+    def _keep_free_room(self, g: GangRequest, placement, victims) -> None:
+        """Take, on each node of the gang's placement, the part of its need that its
+        victims do not free there: free room it counts on, which nothing else may take
+        this cycle (the rest of the node stays usable)."""
+        index = self.c.index
+        for node_id, k in Counter(placement).items():
+            need = g.per_worker.scale(k)
+            have = Res()
+            for r in victims:
+                n = r.placement.count(node_id)
+                if n:
+                    have = have + r.gang.per_worker.scale(n)
+            short = Res(
+                max(0.0, need.cpus - have.cpus),
+                max(0, need.memory - have.memory),
+                max(0, need.gpus - have.gpus),
+            )
+            if short != Res():
+                index.take((node_id,), short)

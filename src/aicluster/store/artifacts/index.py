@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import delete, func, or_, select, tuple_, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -325,17 +325,28 @@ class ArtifactIndex:
             return self._record(s, art) if art else None
 
     def list_artifacts(
-        self, team: str | None = None, shared_with: str | None = None
+        self,
+        team: str | None = None,
+        shared_with: str | None = None,
+        limit: int | None = None,
+        after: tuple[str, str] | None = None,
+        owner: str | None = None,
     ) -> list[ArtifactRecord]:
-        """All artifacts (team None), or a team's own plus those shared with `shared_with`."""
+        """All artifacts (team None), or a team's own plus those shared with `shared_with`,
+        in (team, name) order; only `owner`'s when given. `after`/`limit`: a keyset page on
+        uq_artifacts_team_name (store.cursors), the rows after that (team, name)."""
         q = select(ArtifactRow).order_by(ArtifactRow.team, ArtifactRow.name)
         if team is not None:
             shared = select(ArtifactShareRow.artifact_id).where(
                 ArtifactShareRow.team == (shared_with or team)
             )
             q = q.where(or_(ArtifactRow.team == team, ArtifactRow.id.in_(shared)))
+        if owner is not None:
+            q = q.where(ArtifactRow.team == owner)
+        if after is not None:
+            q = q.where(tuple_(ArtifactRow.team, ArtifactRow.name) > tuple_(*after))
         with self._session() as s:
-            return [self._record(s, a) for a in s.scalars(q)]
+            return [self._record(s, a) for a in s.scalars(q.limit(limit))]
 
     def versions(self, team: str, name: str) -> list[VersionRecord]:
         with self._session() as s:

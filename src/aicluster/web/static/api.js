@@ -83,18 +83,44 @@ export class Api {
     return resp.json();
   }
 
-  whoami() { return this.json("/v1/whoami"); }
-  nodes() { return this.json("/v1/nodes").then((b) => b.nodes); }
-  teams() { return this.json("/v1/teams").then((b) => b.teams); }
-  services() { return this.json("/v1/services").then((b) => b.services); }
-  job(id) { return this.json("/v1/jobs/" + encodeURIComponent(id)); }
-
-  jobs(statuses) {
-    return this.json("/v1/jobs", (statuses || []).map((s) => ["status", s])).then((b) => b.jobs);
+  // One page of a list route: { items, next } (next: the cursor of the following page,
+  // null at the end). `params`: [key, value] pairs.
+  async page(path, key, params, limit, cursor) {
+    const b = await this.json(path, [...(params || []), ["limit", limit], ["cursor", cursor]]);
+    return { items: b[key], next: b.next_cursor || null };
   }
 
-  events(after, objectId) {
-    return this.json("/v1/events", { after, object_id: objectId }).then((b) => b.events);
+  // Every page of a list route, at most `maxPages` of `limit` rows (a safety cap).
+  async all(path, key, params, limit = 1000, maxPages = 20) {
+    const out = [];
+    let cursor = null;
+    for (let i = 0; i < maxPages; i += 1) {
+      const p = await this.page(path, key, params, limit, cursor);
+      out.push(...p.items);
+      if (!p.next) break;
+      cursor = p.next;
+    }
+    return out;
+  }
+
+  whoami() { return this.json("/v1/whoami"); }
+  nodes() { return this.all("/v1/nodes", "nodes"); }
+  teams() { return this.json("/v1/teams").then((b) => b.teams); }
+  services() { return this.all("/v1/services", "services"); }
+  job(id) { return this.json("/v1/jobs/" + encodeURIComponent(id)); }
+
+  // Jobs newest first: every page (up to the cap of `all`).
+  jobs(statuses) {
+    return this.all("/v1/jobs", "jobs", (statuses || []).map((s) => ["status", s]));
+  }
+
+  // One page of jobs newest first: { items, next }.
+  jobsPage(statuses, limit, cursor) {
+    return this.page("/v1/jobs", "jobs", (statuses || []).map((s) => ["status", s]), limit, cursor);
+  }
+
+  events(after, objectId, limit = 500) {
+    return this.json("/v1/events", { after, object_id: objectId, limit }).then((b) => b.events);
   }
 
   // One read of a worker's log: raw bytes, the offset to read from next, the job's

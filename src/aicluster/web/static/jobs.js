@@ -4,7 +4,7 @@ import { TERMINAL } from "./api.js";
 import { badge, clock, duration, fill, h, num, route, section, shortId, since, stamp, table } from "./dom.js";
 
 const STATUSES = ["PENDING", "ADMITTED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"];
-const MAX_ROWS = 300;
+const PAGE_ROWS = 100; // jobs per page: the API's keyset pages (api.paging)
 const MAX_LOG_CHARS = 400000; // per rank kept in the page; older output is trimmed
 const MAX_READS_PER_TICK = 8; // each read returns at most 1 MiB
 
@@ -37,10 +37,18 @@ export class JobsView {
     this.api = api;
     this.status = "";
     this.text = "";
+    this.cursor = null; // the page shown: null for the newest
+    this.back = []; // the cursors of the pages before it, to go back to
+  }
+
+  goTo(cursor, back) {
+    this.cursor = cursor;
+    this.back = back;
+    this.refresh();
   }
 
   mount(el) {
-    const select = h("select", { testid: "jobs-status-filter", onchange: (e) => { this.status = e.target.value; this.refresh(); } },
+    const select = h("select", { testid: "jobs-status-filter", onchange: (e) => { this.status = e.target.value; this.goTo(null, []); } },
       h("option", { value: "" }, "all statuses"), STATUSES.map((s) => h("option", { value: s }, s)));
     const search = h("input", { type: "search", placeholder: "filter by name, id, team", testid: "jobs-search",
       oninput: (e) => { this.text = e.target.value.trim().toLowerCase(); this.render(); } });
@@ -50,9 +58,11 @@ export class JobsView {
 
   async refresh() {
     const status = this.status;
-    const jobs = await this.api.jobs(status ? [status] : []);
-    if (status !== this.status) return; // the filter changed while this was in flight
-    this.jobs = jobs;
+    const cursor = this.cursor;
+    const page = await this.api.jobsPage(status ? [status] : [], PAGE_ROWS, cursor);
+    if (status !== this.status || cursor !== this.cursor) return; // changed while in flight
+    this.jobs = page.items;
+    this.next = page.next;
     this.render();
   }
 
@@ -61,13 +71,21 @@ export class JobsView {
     const t = this.text;
     const match = (j) => !t || [j.id, j.name, j.team, j.owner].some((s) => String(s).toLowerCase().includes(t));
     const shown = this.jobs.filter(match).sort((a, b) => b.created_at - a.created_at);
-    const rows = shown.slice(0, MAX_ROWS).map(jobRow);
+    const rows = shown.map(jobRow);
+    const first = this.back.length * PAGE_ROWS;
+    const where = this.back.length || this.next
+      ? ` (page ${this.back.length + 1}: jobs ${first + 1}–${first + this.jobs.length}, newest first)` : "";
+    const pager = (this.back.length || this.next) && h("div", { class: "toolbar", testid: "jobs-pager" },
+      h("button", { testid: "jobs-newer", disabled: !this.back.length,
+        onclick: () => this.goTo(this.back[this.back.length - 1], this.back.slice(0, -1)) }, "← newer"),
+      h("button", { testid: "jobs-older", disabled: !this.next,
+        onclick: () => this.goTo(this.next, [...this.back, this.cursor]) }, "older →"));
     fill(this.body,
-      h("p", { class: "muted", testid: "jobs-count" },
-        shown.length > MAX_ROWS ? `newest ${MAX_ROWS} of ${shown.length} jobs` : plural(shown.length, "job")),
+      h("p", { class: "muted", testid: "jobs-count" }, plural(shown.length, "job") + where),
       table([{ title: "id" }, { title: "name" }, { title: "team" }, { title: "owner" }, { title: "status" },
         { title: "reason" }, { title: "message" }, { title: "workers", cls: "num" },
-        { title: "age", cls: "num" }, { title: "runtime", cls: "num" }], rows, { testid: "jobs-table" }));
+        { title: "age", cls: "num" }, { title: "runtime", cls: "num" }], rows, { testid: "jobs-table" }),
+      pager);
   }
 }
 

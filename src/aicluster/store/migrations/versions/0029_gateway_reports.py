@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0029_gateway_reports"
-down_revision = "0026_shared_job_files"
+down_revision = "0027_list_page_indexes"
 branch_labels = None
 depends_on = None
 

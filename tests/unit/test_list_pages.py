@@ -1,0 +1,175 @@
+"""Keyset pages of the list routes' queries (store.cursors) on SQLite and PostgreSQL: every
+row once, in the list's order, whatever the page size and the filters; rows added while a
+reader pages neither repeat nor shift what it reads; a cursor the list did not hand out is
+refused naming `cursor`. Also the reconcile loop's incremental view of the PENDING jobs
+(control.snapshot.PendingJobs): after any change it equals a full read."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from aicluster.control.snapshot import PendingJobs
+from aicluster.core.lifecycle import JobStatus, Reason, RequeueCause
+from aicluster.core.model import WaitKind
+from aicluster.specs.job import JobSpec
+from aicluster.specs.service import ServiceSpec
+from aicluster.store import open_store
+from aicluster.store.cursors import MAX_LIMIT, BadCursor, decode, encode, page_of
+from aicluster.store.services import ServiceStore
+
+from fakes import FakeClock
+
+P, A, R = JobStatus.PENDING, JobStatus.ADMITTED, JobStatus.RUNNING
+
+
+@pytest.fixture
+def store(state_url):
+    s = open_store(state_url, clock=FakeClock())
+    for team in ("a", "b"):
+        s.create_team(team)
+    s.create_user("admin", None, "admin")
+    yield s
+    s.close()
+
+
+def submit(store, name: str, team: str = "a") -> str:
+    spec = JobSpec.model_validate({"name": name, "team": team, "command": "true"})
+    return store.create_job(spec, "admin").id
+
+
+def walk(read, limit: int) -> list:
+    """Every row, page after page; each page at most `limit` rows."""
+    rows, cursor, pages = [], None, 0
+    while True:
+        page, cursor = read(limit, cursor)
+        assert len(page) <= limit
+        rows += page
+        pages += 1
+        assert pages < 1000
+        if cursor is None:
+            return rows
+
+
+def test_cursors_round_trip_and_refuse_what_they_did_not_hand_out():
+    assert decode(encode("jobs", 42), "jobs", int) == (42,)
+    assert decode(encode("services", "a", "x"), "services", str, str) == ("a", "x")
+    assert decode(None, "jobs", int) is None and decode("", "jobs", int) is None
+    bad = [
+        "!!!",  # not base64
+        base64.urlsafe_b64encode(b"not json").decode(),
+        encode("events", 42),  # another list's
+        encode("jobs", "42"),  # wrong type
+        encode("jobs", True),  # a boolean is not an id
+        encode("jobs", 1, 2),  # wrong shape
+        encode("jobs", 2**63),  # no column holds it
+        "A" * 600,  # too long
+    ]
+    for cursor in bad:
+        with pytest.raises(BadCursor) as exc:
+            decode(cursor, "jobs", int)
+        assert exc.value.field == "cursor"
+
+
+def test_page_of_says_there_is_more_only_when_a_row_follows():
+    assert page_of([1, 2, 3], 3, "x", lambda r: (r,)) == ([1, 2, 3], None)
+    page, more = page_of([1, 2, 3, 4], 3, "x", lambda r: (r,))
+    assert page == [1, 2, 3] and decode(more, "x", int) == (3,)
+    assert page_of([], 5, "x", lambda r: (r,)) == ([], None)
+
+
+@pytest.mark.parametrize("limit", [1, 3, 7, 100])
+def test_job_pages_hold_every_job_once_newest_first(store, limit):
+    ids = [submit(store, f"j{i}", team="ab"[i % 2]) for i in range(13)]
+    got = walk(lambda n, c: store.page_jobs(limit=n, cursor=c), limit)
+    assert [j.id for j in got] == ids[::-1]
+    team_a = walk(lambda n, c: store.page_jobs(team="a", limit=n, cursor=c), limit)
+    assert [j.id for j in team_a] == ids[::2][::-1]
+
+
+def test_job_pages_filter_by_status_and_new_jobs_do_not_shift_them(store):
+    ids = [submit(store, f"j{i}") for i in range(9)]
+    for job_id in ids[:4]:
+        store.transition(job_id, P, JobStatus.CANCELLED, Reason.CANCELLED_BY_USER)
+    first, cursor = store.page_jobs(statuses=[P], limit=3)
+    assert [j.id for j in first] == ids[8:5:-1]
+    submit(store, "late")  # newer than every page: the reader already passed it
+    rest, cursor = store.page_jobs(statuses=[P], limit=3, cursor=cursor)
+    assert [j.id for j in rest] == ids[5:3:-1] and cursor is None
+    cancelled = walk(
+        lambda n, c: store.page_jobs(statuses=[JobStatus.CANCELLED], limit=n, cursor=c), 2
+    )
+    assert [j.id for j in cancelled] == ids[3::-1]
+
+
+def test_bad_cursor_and_limit_are_refused(store):
+    with pytest.raises(BadCursor):
+        store.page_jobs(cursor=encode("tokens", 1))
+    with pytest.raises(ValueError, match="limit"):
+        store.page_jobs(limit=MAX_LIMIT + 1)
+    with pytest.raises(ValueError, match="limit"):
+        store.page_events(limit=0)
+
+
+def test_event_pages_follow_after_and_the_cursor(store):
+    ids = [submit(store, f"j{i}", team="ab"[i % 2]) for i in range(6)]
+    every = walk(lambda n, c: store.page_events(limit=n, cursor=c), 4)
+    assert [e.object_id for e in every if e.kind == "job"] == ids
+    assert [e.id for e in every] == sorted(e.id for e in every)
+    of_b = walk(lambda n, c: store.page_events(team="b", limit=n, cursor=c), 1)
+    assert [e.object_id for e in of_b if e.kind == "job"] == ids[1::2]
+    one = walk(lambda n, c: store.page_events(object_id=ids[2], limit=n, cursor=c), 1)
+    assert [e.object_id for e in one] == [ids[2]]
+    later, more = store.page_events(after=every[2].id, limit=100)
+    assert [e.id for e in later] == [e.id for e in every[3:]] and more is None
+
+
+def test_token_pages(store):
+    store.create_user("u", "a", "member")
+    made = [store.issue_token("u")[1].id for _ in range(5)]
+    store.issue_token("admin")
+    got = walk(lambda n, c: store.page_tokens("u", n, c), 2)
+    assert [t.id for t in got] == made
+    assert len(walk(lambda n, c: store.page_tokens(None, n, c), 4)) == 6
+
+
+def test_service_pages_in_team_and_name_order(store):
+    services = ServiceStore(store)
+    names = [("b", "x"), ("a", "z"), ("a", "m"), ("b", "c")]
+    for team, name in names:
+        spec = ServiceSpec.model_validate(
+            {"kind": "service", "name": name, "team": team, "model": "m"}
+        )
+        services.create(spec, "admin")
+    got = walk(lambda n, c: services.page(None, n, c), 3)
+    assert [(s.team, s.name) for s in got] == sorted(names)
+    of_a = walk(lambda n, c: services.page("a", n, c), 1)
+    assert [s.name for s in of_a] == ["m", "z"]
+    with pytest.raises(BadCursor):
+        services.page(None, 2, encode("services", 1, 2))
+    with pytest.raises(BadCursor):
+        services.page(None, 2, encode("services", "a\x00", "b"))
+
+
+def test_pending_jobs_kept_across_refreshes_equal_a_full_read(store):
+    pending = PendingJobs(store, resync_s=1e9)  # never resyncs: increments only
+
+    def full() -> list:
+        return [(j.id, j.message, j.attempt) for j in store.list_jobs(statuses=[P], limit=None)]
+
+    def kept() -> list:
+        return [(j.id, j.message, j.attempt) for j in pending.refresh()]
+
+    assert kept() == full() == []
+    ids = [submit(store, f"j{i}") for i in range(5)]
+    assert kept() == full() and len(full()) == 5
+    store.transition(ids[0], P, A, Reason.ADMITTED, placement=["n1"], attempt=1)
+    store.transition(ids[1], P, JobStatus.CANCELLED, Reason.CANCELLED_BY_USER)
+    store.set_wait_message(ids[2], "waits for 1 GPU", WaitKind.CAPACITY)
+    submit(store, "late")
+    assert kept() == full() and len(full()) == 4
+    lost = RequeueCause.NODE_LOST
+    store.transition(ids[0], A, P, Reason.REQUEUED, "node lost", requeue_cause=lost)
+    assert kept() == full() and ids[0] in {j for j, _, _ in full()}
+    assert kept() == full()  # nothing changed: the same
