@@ -72,7 +72,17 @@ class GatewayProc:
 
 @pytest.fixture(scope="module")
 def world(control_plane, admin):
-    return simulated_services(control_plane, admin, TEAMS, "gp-chat", time_scale=0.01)
+    yield simulated_services(control_plane, admin, TEAMS, "gp-chat", time_scale=0.01)
+    for team in TEAMS:  # the session's later modules count on the cluster's capacity
+        api(control_plane, "DELETE", "/v1/services/gp-chat", params={"team": team})
+    wait_for(
+        lambda: all(
+            api(control_plane, "GET", "/v1/services/gp-chat", params={"team": t}).status_code == 404
+            for t in TEAMS
+        ),
+        timeout=60,
+        what="the module's services gone",
+    )
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +20,7 @@ import typer
 from rich.console import Console
 
 from aicluster.cli.config import home_dir
+from aicluster.cli.daemons import start_and_wait
 
 err = Console(stderr=True, soft_wrap=True)
 GATEWAY_FILE = "gateway.json"
@@ -54,30 +53,11 @@ def start_gateway(home: Path, cp_url: str, host: str, port: int, workers: int, e
     cmd = [sys.executable, "-m", "aicluster.gateway.process", "--control-plane", cp_url]
     cmd += ["--host", host, "--port", str(port), "--workers", str(workers)]
     cmd += ["--token-file", str(home / "admin.token")]
-    log_path = home / "gateway.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    deadline = time.time() + START_TIMEOUT_S
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace").splitlines()[-20:]
-            err.print("[red]the gateway exited:[/red]\n" + "\n".join(tail))
-            raise typer.Exit(1)
-        if _synced(url):
-            (home / GATEWAY_FILE).write_text(json.dumps({"pid": proc.pid, "url": url}))
-            return url
-        time.sleep(0.3)
-    err.print(
-        f"[red]the gateway did not answer within {START_TIMEOUT_S:g} s (see {log_path})[/red]"
+    proc = start_and_wait(
+        cmd, env, home / "gateway.log", lambda: _synced(url), "the gateway", START_TIMEOUT_S
     )
-    raise typer.Exit(1)
+    (home / GATEWAY_FILE).write_text(json.dumps({"pid": proc.pid, "url": url}))
+    return url
 
 
 def stop_gateway(home: Path) -> None:

@@ -10,6 +10,7 @@ import typer
 
 from aicluster.cli import output as out
 from aicluster.cli.common import (
+    LimitOpt,
     OutputFormat,
     OutputOpt,
     TokenOpt,
@@ -71,6 +72,7 @@ def rm(node: NodeArg, url: UrlOpt = None, token: TokenOpt = None) -> None:
 
 def nodes(
     ctx: typer.Context,
+    limit: LimitOpt = None,
     output: OutputOpt = OutputFormat.table,
     url: UrlOpt = None,
     token: TokenOpt = None,
@@ -79,7 +81,7 @@ def nodes(
     if ctx.invoked_subcommand is None:
         from aicluster.cli.jobs_cmds import nodes as list_nodes
 
-        list_nodes(output, url, token)
+        list_nodes(limit=limit, output=output, url=url, token=token)
 
 
 def register(app: typer.Typer) -> None:

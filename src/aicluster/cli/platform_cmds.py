@@ -15,9 +15,7 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +25,7 @@ import typer
 from rich.console import Console
 
 from aicluster.cli.config import home_dir
+from aicluster.cli.daemons import start_and_wait
 from aicluster.cli.gateway_cmds import running_gateway, start_gateway, stop_gateway
 from aicluster.cli.state_cmds import STATE_ENV, check_reachable, remember_state, state_location
 from aicluster.engine.rayenv import ray_env, ray_token_path
@@ -146,26 +145,8 @@ def _start_control_plane(
     log_path = home / (f"controlplane-{port}.log" if replica else "controlplane.log")
     if replica:
         cmd.append("--replica")
-    log = open(log_path, "ab")
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace").splitlines()[-20:]
-            err.print("[red]the control plane exited:[/red]\n" + "\n".join(tail))
-            raise typer.Exit(1)
-        if _healthy(url):
-            return url
-        time.sleep(0.3)
-    err.print("[red]the control plane did not answer within 120 s[/red]")
-    raise typer.Exit(1)
+    start_and_wait(cmd, env, log_path, lambda: _healthy(url), "the control plane", 120)
+    return url
 
 
 def up(
