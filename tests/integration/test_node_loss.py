@@ -53,7 +53,7 @@ def test_node_death_fails_or_requeues_its_jobs(ray_cluster, admin):
     )
     assert "GPU model T4" in waiting["message"]
     assert admin.job(bystander["id"])["status"] == "RUNNING"
-    assert any(e["type"] == "NodeLost" for e in admin.events())
+    assert any(e["type"] == "NodeLost" for e in admin.events(every=True))
     for job in (retry, bystander):
         admin.cancel(job["id"])
 
