@@ -33,6 +33,8 @@ ADMIN_ONLY = {
     "PUT /v1/limits/teams/{team}",
     "PUT /v1/limits/tokens/{token_id}",
     "PUT /v1/prices/tokens",
+    "PUT /v1/teams/{team}/storage-quota",
+    "DELETE /v1/teams/{team}/storage-quota",
     # what gateway processes follow and send (replicas' secrets, tokens' digests)
     "GET /v1/gateway/feed",
     "POST /v1/gateway/report",
@@ -69,6 +71,7 @@ READS = {
     "GET /v1/limits",  # members: their team's and own tokens' limits
     "GET /v1/usage/tokens",  # members: their team's callers' token usage
     "GET /v1/prices/tokens",
+    "GET /v1/teams/{team}/storage-quota",  # members and viewers: their own team's only
 }
 
 SERVICE = {
@@ -96,6 +99,7 @@ BODIES = {  # valid bodies, so that only who calls decides the answer
     "PUT /v1/limits/teams/{team}": {"requests_per_s": 0.01},
     "PUT /v1/limits/tokens/{token_id}": {"tokens_per_min": 1},
     "PUT /v1/prices/tokens": {"service": "iso-sneak", "input_mtok": 99.0},
+    "PUT /v1/teams/{team}/storage-quota": {"bytes": 1},
 }
 
 
@@ -174,6 +178,8 @@ def test_the_matrix(control_plane, world, admin):
         expect(method, path, "bad token", "aic_not-a-real-token", {401})
         if "{job_id}" in path or path.startswith("/v1/services/{name}"):
             expect(method, path, "team B", tokens["member_b"], {404})
+        if label in READS and "{team}" in path:  # team A's, read by team B
+            expect(method, path, "team B", tokens["member_b"], {403})
         if label in WRITES:
             expect(method, path, "viewer", tokens["viewer_a"], {403})
         if label in ADMIN_ONLY:
@@ -189,6 +195,8 @@ def test_the_matrix(control_plane, world, admin):
     assert admin.job(world["job"])["team"] == "iso-a"
     budgets = admin.request_json("GET", "/v1/budgets")["budgets"]
     assert "iso-a" not in {b["team"] for b in budgets}
+    quota = admin.request_json("GET", "/v1/teams/iso-a/storage-quota")
+    assert quota["quota_bytes"] is None, quota
     token_id = world["params"]["token_id"]
     assert [t["state"] for t in admin.tokens("iso-alice") if t["id"] == token_id] == ["active"]
 

@@ -16,7 +16,10 @@ byte routes above stay for callers that cannot reach the storage (a sandboxed jo
 
 Errors: every route answers `{"detail": {"message": ...}}` (ErrorBody) with the
 statuses its OpenAPI entry lists; the message names the field, path or file at
-fault. Request validation errors of these routes take that shape too (422, with
+fault. An upload that would take its team past its storage quota (store.artifacts.
+quotas) answers 413 with `field: quota`, the team, `quota_bytes`, `used_bytes` and
+`requested_bytes`, when it is declared (nothing stored) or at commit (the upload is
+discarded). Request validation errors of these routes take that shape too (422, with
 `issues`), and storage trouble answers 409 (a corrupt or missing stored blob) or
 503 (storage unreachable), never 500.
 """
@@ -47,6 +50,7 @@ from aicluster.store.artifacts import (
     StorageError,
     VersionRecord,
 )
+from aicluster.store.artifacts.quotas import StorageQuotaExceeded
 from aicluster.store.cursors import decode, page_of
 
 WRITE_BATCH = 4 << 20
@@ -112,7 +116,8 @@ _WHY = {
     404: "No such artifact, version, tag, upload or blob (or not readable by the caller)",
     409: "Conflict: version taken, blobs missing (commit: `missing` lists them), or a stored "
     "blob is corrupt or gone",
-    413: "Request body too large",
+    413: "Request body too large, or the upload would take its team past its storage quota "
+    "(`field` quota; `quota_bytes`, `used_bytes`, `requested_bytes`)",
     422: "Request body or parameters of the wrong type",
     503: "Artifact storage unreachable or misconfigured",
 }
@@ -170,6 +175,8 @@ class ArtifactRoute(APIRoute):
                 return _error(400, str(exc))
             except StorageError as exc:
                 return _error(503, f"artifact storage: {exc}")
+            except StorageQuotaExceeded as exc:
+                return _error(413, str(exc), **exc.detail())
 
         return handle
 
@@ -254,7 +261,7 @@ def artifact_router(svc: ArtifactService, principal) -> APIRouter:
     @r.post(
         "/v1/artifacts/uploads/{upload_id}/commit",
         status_code=201,
-        responses=errors(400, 404, 409, 503),
+        responses=errors(400, 404, 409, 413, 503),
     )
     def commit(upload_id: str, who=Depends(principal)):
         try:
@@ -287,7 +294,8 @@ def artifact_router(svc: ArtifactService, principal) -> APIRouter:
 
     @r.get("/v1/artifacts/usage", responses=errors(400, 409, 503))
     def usage(team: str | None = None, who=Depends(principal)):
-        """Bytes of storage each team's versions use (distinct blobs; admins: every team)."""
+        """Bytes of storage each team's versions use (distinct blobs; admins: every team)
+        and its storage quota, `quota_bytes` (null: none)."""
         return {"teams": svc.usage(who, team)}
 
     @r.post("/v1/artifacts/scrub", responses=errors(400, 403, 413, 503))

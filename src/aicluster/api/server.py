@@ -95,6 +95,7 @@ class ControlPlane:
         from aicluster.api.gateway_parts import GatewayParts
         from aicluster.api.metrics_routes import metrics_router
         from aicluster.api.services_routes import services_router
+        from aicluster.api.storage_quota_routes import storage_quota_router
         from aicluster.api.usage_routes import usage_router
         from aicluster.api.usage_series_routes import usage_series_router
         from aicluster.control.api_ops import ApiOps
@@ -109,6 +110,7 @@ class ControlPlane:
         from aicluster.control.nodes_loop import NodeLoop
         from aicluster.control.sandboxing import Sandboxing
         from aicluster.control.services_loop import ServiceLoop
+        from aicluster.control.storage_quota import StorageQuotaOps
         from aicluster.control.usage import Accountant, UsageOps
         from aicluster.control.usage_metrics import UsageCollector
         from aicluster.control.usage_series import UsageSeriesOps
@@ -271,6 +273,9 @@ class ControlPlane:
                 lambda p: services_router(ops, p),
                 lambda _p: self.gateway.router(),
                 lambda p: artifact_router(self.artifacts, p),
+                lambda p: storage_quota_router(
+                    StorageQuotaOps(self.artifacts.artifacts, self.store.team_exists), p
+                ),
                 lambda p: metrics_router(self.metrics, p),
                 lambda p: usage_router(UsageOps(usage, self.store.team_exists, storage=storage), p),
                 lambda p: usage_series_router(

@@ -1,5 +1,5 @@
 """`aicluster artifacts ...`: push, pull, ls, describe, tag, rm, share, gc, prune, usage,
-scrub.
+scrub, quota (cli.storage_quota_cmds).
 
 Invariants (as for every command, see cli.common): `--url`/`--token` or the
 client config; a user mistake prints one red line naming the argument and exits
@@ -329,16 +329,19 @@ def usage(
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Artifact storage used per team: distinct blobs of its versions (admins: every team)."""
+    """Artifact storage used per team: distinct blobs of its versions, and its storage
+    quota (admins: every team)."""
     with cli_errors(), make_client(url, token) as c:
         teams = sdk.usage(c, team)
     if output == OutputFormat.json:
         out.print_json(teams)
         return
     for name, u in teams.items():
+        quota = u.get("quota_bytes")
         typer.echo(
             f"{name}: {out.fmt_bytes(u['bytes'])} in {u['blobs']} blob(s), "
-            f"{u['versions']} version(s)"
+            f"{u['versions']} version(s), "
+            + ("no quota" if quota is None else f"quota {out.fmt_bytes(quota)}")
         )
 
 
@@ -366,4 +369,7 @@ def register(app: typer.Typer) -> None:
     sub = typer.Typer(help="Versioned datasets, checkpoints and models.", no_args_is_help=True)
     for fn in (push, pull, ls, describe, tag, rm, share, gc, prune, usage, scrub):
         sub.command(fn.__name__)(fn)
+    from aicluster.cli.storage_quota_cmds import quota_app
+
+    sub.add_typer(quota_app, name="quota")
     app.add_typer(sub, name="artifacts")

@@ -295,9 +295,23 @@ def prune(client: Client, name: str, keep_last: int, keep_every: int = 0) -> dic
 
 
 def usage(client: Client, team: str | None = None) -> dict[str, dict]:
-    """team -> {"bytes", "blobs", "versions"} of artifact storage (yours; admins: all)."""
+    """team -> {"bytes", "blobs", "versions", "quota_bytes"} of artifact storage (yours;
+    admins: all); `quota_bytes` None: no storage quota."""
     params = {"team": team} if team else {}
     return client.request_json("GET", "/v1/artifacts/usage", params=params)["teams"]
+
+
+def storage_quota(client: Client, team: str) -> dict:
+    """The team's storage quota (`quota_bytes`, None: none) next to its `used_bytes`."""
+    return client.request_json("GET", f"/v1/teams/{quote(team, safe='')}/storage-quota")
+
+
+def set_storage_quota(client: Client, team: str, nbytes: int | None) -> dict:
+    """Admins: set the team's storage quota in bytes; None removes it."""
+    path = f"/v1/teams/{quote(team, safe='')}/storage-quota"
+    if nbytes is None:
+        return client.request_json("DELETE", path)
+    return client.request_json("PUT", path, json={"bytes": nbytes})
 
 
 def scrub(client: Client, repair: bool = False) -> dict:

@@ -296,7 +296,8 @@ class ArtifactService:
         return self.artifacts.gc()
 
     def usage(self, who: Principal, team: str | None = None) -> dict[str, dict]:
-        """Storage used per team (admins: every team or `team`; others: their own)."""
+        """Storage used per team and its quota, `quota_bytes` (None: no quota); admins:
+        every team with versions or a quota, or `team`; others: their own."""
         if team is not None:
             try:
                 check_team(team)
@@ -306,7 +307,14 @@ class ArtifactService:
             if who.team is None or (team is not None and team != who.team):
                 return {}
             team = who.team
-        return self.artifacts.usage(team)
+        used = self.artifacts.usage(team)
+        quotas = self.artifacts.index.quotas.all()
+        for t in quotas:
+            if team is None or t == team:
+                used.setdefault(t, {"bytes": 0, "blobs": 0, "versions": 0})
+        for t, u in used.items():
+            u["quota_bytes"] = quotas[t].max_bytes if t in quotas else None
+        return dict(sorted(used.items()))
 
     def scrub(self, who: Principal, repair: bool = False):
         if not who.is_admin:

@@ -5,7 +5,9 @@ as artifact versions when it succeeds.
 Invariants: an attempt's token is scoped to that attempt and made only when the workers can
 reach the API (`api_url`); inputs are resolved as the job's owner, so a job reads no
 artifact its owner could not; outputs are committed only after rank 0's node wrote every
-blob the storage lacked.
+blob the storage lacked; an output that would take the team past its storage quota
+(store.artifacts.quotas) is refused when its upload is declared, before the node writes a
+byte, and the job fails (output_failed) with the quota's message.
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ job restarted or preempted onto any node resumes from the newest one. `latest()`
 materialises it through the node's blob cache. Outside a job (no AICLUSTER_TOKEN)
 both fall back to the folder AICLUSTER_CHECKPOINT_DIR (or ./checkpoints). With the
 job spec's `checkpoint: {keep_last, keep_every}` (AICLUSTER_CHECKPOINT_KEEP_LAST and
-_KEEP_EVERY), each save then deletes the versions that policy does not keep.
+_KEEP_EVERY), each save then deletes the versions that policy does not keep. A save that
+would take the team past its storage quota raises the SDK's ApiError (status 413, its
+message naming the quota, the team's usage and the bytes asked); nothing of it is kept.
 
 This module is client code that runs inside the user's job: it talks to the API
 through the SDK (`aicluster.client`), so neither the CLI nor the store is loaded.

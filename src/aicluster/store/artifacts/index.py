@@ -7,6 +7,9 @@ Invariants:
   callback runs inside that transaction, so a failed manifest write burns nothing.
 - Explicit version numbers must be at least `next_version`: numbers only grow and
   `latest` (the highest live version) is always the newest commit.
+- With a `charge` (store.artifacts.quotas), a commit first writes its team's quota
+  row, then reads the team's versions and lets `charge` refuse: commits of a team with
+  a quota serialise, each seeing the versions committed before it.
 - Returned values are plain frozen records, never live ORM objects.
 """
 
@@ -24,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from aicluster.artifacts.manifest import FileEntry
 from aicluster.artifacts.names import LATEST, MAX_VERSION, is_number
+from aicluster.store.artifacts.quotas import StorageQuotas
 from aicluster.store.artifacts.schema import (
     ArtifactBlobProofRow,
     ArtifactRow,
@@ -107,10 +111,14 @@ def _upload(row: ArtifactUploadRow) -> UploadRecord:
     )
 
 
+Charge = Callable[[UploadRecord, int, float, int, set[str]], None]
+
+
 class ArtifactIndex:
     def __init__(self, store: Store):
         self.clock = store.clock
         self._session = sessionmaker(store.engine, expire_on_commit=False)
+        self.quotas = StorageQuotas(self._session, self.clock)
 
     # -- upload sessions ------------------------------------------------------------
 
@@ -176,12 +184,18 @@ class ArtifactIndex:
             ).rowcount
 
     def commit_upload(
-        self, upload_id: str, write_manifest: Callable[[UploadRecord, int, float], str]
+        self,
+        upload_id: str,
+        write_manifest: Callable[[UploadRecord, int, float], str],
+        charge: Charge | None = None,
     ) -> VersionRecord:
         """Give the upload its version number and make it visible.
 
         `write_manifest(upload, version, created_at)` stores the manifest and returns
         its sha256; it runs inside the transaction, so if it raises nothing changes.
+        `charge(upload, version, created_at, quota_bytes, team_manifests)` runs before
+        it when the upload's team has a storage quota (see the module invariants) and
+        refuses by raising.
         """
         up = self.get_upload(upload_id)
         if up is None:
@@ -189,19 +203,20 @@ class ArtifactIndex:
         self._ensure_artifact(up)
         for attempt in range(20):
             try:
-                return self._commit(upload_id, write_manifest)
+                return self._commit(upload_id, write_manifest, charge)
             except (OperationalError, _Raced):  # a concurrent commit of the same name: again
                 if attempt == 19:
                     raise
                 time.sleep(0.01 + random.random() * 0.05 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def _commit(self, upload_id, write_manifest) -> VersionRecord:
+    def _commit(self, upload_id, write_manifest, charge=None) -> VersionRecord:
         with self._session.begin() as s:
             row = s.get(ArtifactUploadRow, upload_id)
             if row is None:
                 raise NotFound(f"upload {upload_id} not found (committed, aborted or expired)")
             up = _upload(row)
+            quota = self.quotas.lock(s, up.team) if charge is not None else None
             art = self._artifact(s, up.team, up.name)
             version = art.next_version if up.version is None else up.version
             res = s.execute(
@@ -214,6 +229,8 @@ class ArtifactIndex:
                     raise _Raced()  # read before another commit took that number
                 raise Conflict(f"version {version} of {up.team}/{up.name} was taken meanwhile")
             now = self.clock()
+            if quota is not None:
+                charge(up, version, now, quota, self._team_manifests(s, up.team))
             digest = write_manifest(up, version, now)
             row_v = ArtifactVersionRow(
                 artifact_id=art.id,
@@ -460,6 +477,15 @@ class ArtifactIndex:
             for t, digest in s.execute(q):
                 out.setdefault(t, set()).add(digest)
         return out
+
+    @staticmethod
+    def _team_manifests(s: Session, team: str) -> set[str]:
+        q = (
+            select(ArtifactVersionRow.manifest_sha256)
+            .join(ArtifactRow, ArtifactVersionRow.artifact_id == ArtifactRow.id)
+            .where(ArtifactRow.team == team)
+        )
+        return set(s.scalars(q))
 
     def upload_ids(self) -> set[str]:
         with self._session() as s:

@@ -27,13 +27,20 @@ Invariants:
   to the database) while `begin_upload` and `commit` hold it shared, so a blob
   found present by an upload cannot vanish before that upload is protected.
 - Every byte read from storage is checked against its digest (manifests too).
+- A team's storage quota (store.artifacts.quotas) is checked when an upload begins
+  and again, serialised per team, when it commits; an upload refused at commit is
+  aborted (its session goes, gc takes its blobs). Usage and quota checks count the
+  same bytes: the distinct blobs of the team's versions, manifests included.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -62,11 +69,14 @@ from aicluster.store.artifacts.backend import (
 )
 from aicluster.store.artifacts.direct import PublishRefused
 from aicluster.store.artifacts.index import ArtifactIndex, UploadRecord, VersionRecord
+from aicluster.store.artifacts.quotas import StorageQuotaExceeded
 from aicluster.store.db import Store
 from aicluster.store.errors import Conflict, NotFound
 
 Progress = Callable[[int], None]
 PUBLISH_WORKERS = 16
+MANIFEST_SLACK = 32  # bytes a manifest's version number and time may add to an estimate
+SIZES_CACHED = 1_000_000  # blob sizes of parsed manifests kept in memory, all together
 
 
 class MissingBlobs(Conflict):
@@ -99,6 +109,9 @@ class ArtifactStore:
         self.index, self.backend, self.clock = index, backend, clock
         self.lock_path = Path(lock_path)
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        self._sizes: OrderedDict[str, dict[str, int]] = OrderedDict()  # manifest -> blobs
+        self._sizes_lock = threading.Lock()
+        self._sizes_count = 0  # the blob sizes in _sizes, all manifests together
 
     @classmethod
     def open(cls, store: Store, home: Path, cfg: StorageConfig | None = None) -> ArtifactStore:
@@ -133,6 +146,15 @@ class ArtifactStore:
         entries = check_files(files, strict=True)
         if ref.tag:
             check_tag(ref.tag)
+        quota = self.index.quotas.get(ref.team)
+        if quota is not None:  # early, so a refused upload sends nothing; commit re-checks
+            m = Manifest(
+                *(ref.team, ref.name, kind, ref.version or 1, entries, metadata or {}),
+                *(producer_job, float(int(self.clock())), created_by),
+            )
+            manifest = len(m.to_json()) + MANIFEST_SLACK  # its version and time are not known
+            held = self.index.manifests_by_team(ref.team).get(ref.team, set())
+            self._charge_bytes(ref.team, entries, manifest, quota.max_bytes, held)
         with self._lock(exclusive=False):
             up = self.index.create_upload(
                 ref.team,
@@ -244,7 +266,11 @@ class ArtifactStore:
             if missing:
                 raise MissingBlobs(missing)
             self._check_sizes(up)
-            v = self.index.commit_upload(upload_id, self._write_manifest)
+            try:
+                v = self.index.commit_upload(upload_id, self._write_manifest, self._charge)
+            except StorageQuotaExceeded:
+                self.abort(upload_id)
+                raise
             self.index.add_proofs(up.team, set(blob_sizes(up.files)))
             self._discard_staging(upload_id)
             return v
@@ -267,7 +293,7 @@ class ArtifactStore:
                     f"{digest} has {got} bytes"
                 )
 
-    def _write_manifest(self, up: UploadRecord, version: int, now: float) -> str:
+    def _manifest_json(self, up: UploadRecord, version: int, now: float) -> bytes:
         m = Manifest(
             up.team,
             up.name,
@@ -279,12 +305,54 @@ class ArtifactStore:
             now,
             up.created_by,
         )
-        data = m.to_json()
-        import hashlib
+        return m.to_json()
 
+    def _write_manifest(self, up: UploadRecord, version: int, now: float) -> str:
+        data = self._manifest_json(up, version, now)
         digest = hashlib.sha256(data).hexdigest()
         self.backend.write_blob(digest, [data])
         return digest
+
+    # -- storage quotas (store.artifacts.quotas) ---------------------------------------
+
+    def _charge(self, up: UploadRecord, version: int, now: float, quota: int, held) -> None:
+        """The commit's check (index.commit_upload runs it, serialised per team)."""
+        manifest = len(self._manifest_json(up, version, now))
+        self._charge_bytes(up.team, up.files, manifest, quota, held)
+
+    def _charge_bytes(self, team: str, files, manifest: int, quota: int, held) -> None:
+        """StorageQuotaExceeded unless the team's versions (`held`: their manifests)
+        plus what these files and a manifest of `manifest` bytes add fit in `quota`."""
+        kept = self._blob_sizes(held)
+        asked = manifest + sum(n for d, n in blob_sizes(files).items() if d not in kept)
+        used = sum(kept.values())
+        if used + asked > quota:
+            raise StorageQuotaExceeded(team, quota, used, asked)
+
+    def _blob_sizes(self, manifests: Iterable[str]) -> dict[str, int]:
+        """digest -> size of every blob these manifests name, the manifests included.
+        Manifests are immutable, so what was read of one is kept (SIZES_CACHED)."""
+        out: dict[str, int] = {}
+        for digest in manifests:
+            with self._sizes_lock:
+                sizes = self._sizes.get(digest)
+                if sizes is not None:
+                    self._sizes.move_to_end(digest)
+            if sizes is None:
+                data = self.backend.read_bytes(digest)
+                sizes = {digest: len(data), **blob_sizes(Manifest.from_json(data).files)}
+                self._remember(digest, sizes)
+            out.update(sizes)
+        return out
+
+    def _remember(self, digest: str, sizes: dict[str, int]) -> None:
+        with self._sizes_lock:
+            if digest in self._sizes:
+                return
+            self._sizes[digest] = sizes
+            self._sizes_count += len(sizes)
+            while self._sizes_count > SIZES_CACHED and len(self._sizes) > 1:
+                self._sizes_count -= len(self._sizes.popitem(last=False)[1])
 
     def abort(self, upload_id: str) -> bool:
         gone = self.index.delete_upload(upload_id)
@@ -358,11 +426,7 @@ class ArtifactStore:
         every team that holds it), manifests included."""
         out = {}
         for t, manifests in sorted(self.index.manifests_by_team(team).items()):
-            sizes: dict[str, int] = {}
-            for digest in manifests:
-                data = self.backend.read_bytes(digest)
-                sizes[digest] = len(data)
-                sizes.update(blob_sizes(Manifest.from_json(data).files))
+            sizes = self._blob_sizes(manifests)
             out[t] = {"bytes": sum(sizes.values()), "blobs": len(sizes), "versions": len(manifests)}
         return out
 

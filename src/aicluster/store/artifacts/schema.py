@@ -12,6 +12,8 @@ Invariants:
   that blob's bytes (it sent them and they hashed right, or a version of the team
   lists the blob). Only such blobs count as already stored in the team's uploads,
   so a team cannot get another team's bytes by declaring their digest.
+- An `artifact_quotas` row is a team's storage quota (store.artifacts.quotas): the
+  most bytes its versions may keep; no row, no quota.
 """
 
 from __future__ import annotations
@@ -92,3 +94,11 @@ class ArtifactBlobProofRow(Base):
     team: Mapped[str] = mapped_column(ForeignKey("teams.name"), primary_key=True)
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
     created_at: Mapped[float] = mapped_column(Float)
+
+
+class ArtifactQuotaRow(Base):
+    __tablename__ = "artifact_quotas"
+    team: Mapped[str] = mapped_column(ForeignKey("teams.name"), primary_key=True)
+    max_bytes: Mapped[int] = mapped_column(BigInteger)  # 64-bit: PostgreSQL's INTEGER is not
+    updated_at: Mapped[float] = mapped_column(Float)
+    updated_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
