@@ -6,10 +6,17 @@ It serves `aicluster.runtime.simulated_engine.create_app(options)` unchanged, wr
 that `POST /bench/reset` swaps in a fresh `create_app(options)`: an empty prefix cache,
 empty batch, zeroed counters and a new clock origin, i.e. the state of a restarted
 replica, without the cost of a restart between benchmark runs. Listens on 127.0.0.1.
+
+Paced streams: a request whose body has `"user": "bench-pace-N"` gets each piece of its
+answer N ms after the previous one (whatever the engine's own costs), so that a benchmark
+can see whether a router holds chunks (bench/gateway_overhead.py's streaming phase). The
+marker travels in the body because routers pass bodies on, not headers.
 """
 
 from __future__ import annotations
 
+import asyncio
+import re
 import sys
 from pathlib import Path
 
@@ -37,7 +44,38 @@ class Resettable:
             )
             await send({"type": "http.response.body", "body": b"reset\n"})
             return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            msg = await receive()
+            body += msg.get("body", b"")
+            more = msg.get("more_body", False)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        pace = PACE.search(body)
+        if pace is None:
+            await self.app(scope, replay, send)
+            return
+        gap_s = int(pace.group(1)) / 1e3
+
+        async def paced_send(msg):
+            if msg["type"] == "http.response.body" and msg.get("body"):
+                await asyncio.sleep(gap_s)
+            await send(msg)
+
+        await self.app(scope, replay, paced_send)
+
+
+PACE = re.compile(rb'"user"\s*:\s*"bench-pace-(\d+)"')
 
 
 def main() -> None:

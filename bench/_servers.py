@@ -158,11 +158,13 @@ def start_gateway() -> Proc:
     return _must(_spawn("gateway", argv, port), "/bench/health")
 
 
-def start_gateway_processes(engines: list[Proc], routing: str, workers: int) -> tuple[Proc, dict]:
+def start_gateway_processes(
+    engines: list[Proc], routing: str, workers: int, http: str = "lean"
+) -> tuple[Proc, dict]:
     """`aicluster gateway --workers N` (gateway.process) following a stand-in control plane
     (bench/_feed_stub.py) that points service `gwproc/sim` at `engines`; (the gateway, the
     headers its clients send)."""
-    team = f"gwproc{workers}"
+    team = f"gwproc{workers}{http}"
     stub_port = free_port()
     stub_argv = [sys.executable, str(BENCH / "_feed_stub.py"), f"--port={stub_port}"]
     stub_argv += [f"--team={team}", f"--model={MODEL}", f"--routing={routing}"]
@@ -170,9 +172,9 @@ def start_gateway_processes(engines: list[Proc], routing: str, workers: int) -> 
     stub = _must(_spawn(f"feed-stub-{workers}", stub_argv, stub_port), "/bench/counts")
     port = free_port()
     argv = [sys.executable, "-m", "aicluster.gateway.process", "--control-plane", stub.url]
-    argv += ["--port", str(port), "--workers", str(workers)]
+    argv += ["--port", str(port), "--workers", str(workers), "--http", http]
     env = {"AICLUSTER_GATEWAY_TOKEN": "bench-admin-token"}
-    gw = _must(_spawn(f"gateway-process-{workers}", argv, port, env), "/healthz")
+    gw = _must(_spawn(f"gateway-process-{workers}-{http}", argv, port, env), "/healthz")
     return gw, {"authorization": f"Bearer bench-{team}"}
 
 

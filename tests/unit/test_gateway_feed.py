@@ -155,6 +155,23 @@ def test_reports_of_several_gateways_add_up_and_a_stale_one_stops_counting(store
     assert [g["id"] for g in reports.gateways()] == ["gw-2"]
 
 
+def test_describe_demand_adds_every_gateways_in_flight_and_reads_reports_once_a_second(store):
+    reports = GatewayReports(store)
+    table = EndpointTable()
+    table.publish({("t1", "chat"): _service()})
+    table.request_started("t1", "chat", store.clock())  # this process: 1 in flight
+    reports.put("gw-1", [ServiceDemand("t1", "chat", ongoing=3, held=0, idle_s=0.5)])
+    demand = RemoteDemand(reports, "cp-me").merged(table, max_age_s=1.0, clock=store.clock)
+    assert demand("t1", "chat").ongoing == 4
+    assert demand("t1", "other").ongoing == 0
+    reports.put("gw-1", [ServiceDemand("t1", "chat", ongoing=7, held=0, idle_s=0.1)])
+    assert demand("t1", "chat").ongoing == 4  # the reports as read less than a second ago
+    store.clock_.advance(1.5)
+    assert demand("t1", "chat").ongoing == 8
+    table.request_finished("t1", "chat")
+    assert demand("t1", "chat").ongoing == 7  # this process's own count is always current
+
+
 def test_a_report_carries_the_local_demand_as_ages():
     table = EndpointTable()
     table.publish({("t1", "chat"): _service(), ("t1", "idle"): _service("idle")})

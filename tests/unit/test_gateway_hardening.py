@@ -1,5 +1,5 @@
 """The gateway in front of a real simulated engine replica (with its secret), served by
-uvicorn on loopback: body limits, `team/name` models, engines' errors in OpenAI's format,
+uvicorn (as in the API server) and by the lean server (as in a gateway process) on loopback: body limits, `team/name` models, engines' errors in OpenAI's format,
 held requests that time out or lose their service, the OpenAPI description, and retries
 (onto another replica before the first byte, never once bytes flowed)."""
 
@@ -22,6 +22,7 @@ from aicluster.store.identity import Principal
 
 from asgi_server import serving
 from harness import free_port, wait_for
+from lean_server import FRONTS, serving_gateway
 
 SECRET = "replica-secret"
 TOKENS = {
@@ -44,13 +45,13 @@ def replica():
         yield url
 
 
-@pytest.fixture()
-def gw():
+@pytest.fixture(params=FRONTS)
+def gw(request):
     table = EndpointTable()
     gateway = Gateway(table, TOKENS.get, hold_timeout_s=1.0)
     app = FastAPI()
     app.include_router(gateway.router())
-    with serving(app) as url:
+    with serving_gateway(gateway, app, request.param) as url:
         yield table, url
 
 
@@ -237,8 +238,8 @@ def replicas():
         yield reps, urls
 
 
-@pytest.fixture()
-def router(replicas):
+@pytest.fixture(params=FRONTS)
+def router(replicas, request):
     """The gateway (its object too) in front of `replicas`; `route(*kinds)` publishes
     a service whose replicas are tried in that order."""
     reps, urls = replicas
@@ -260,7 +261,7 @@ def router(replicas):
             for _ in range(rank):
                 policy.on_start(ep.replica_id)
 
-    with serving(app) as url:
+    with serving_gateway(gateway, app, request.param) as url:
         yield route, url, reps, table
 
 

@@ -240,7 +240,9 @@ class ControlPlane:
         # this process's own gateway reports too, so that the leader counts every one.
         self.gateway_reports = reports = GatewayReports(self.store)
         own_report = f"cp-{self.lease.holder}"[:80]
-        self.services.remote_demand = RemoteDemand(reports, own_report).read
+        remote = RemoteDemand(reports, own_report)
+        self.services.remote_demand = remote.read
+        ops.demand_of = remote.merged(table)  # describe shows every gateway's in-flight
         self.gateway_parts = GatewayParts(  # usage capture, rate limits, demand reports
             self.store,
             report=lambda: reports.put(own_report, report_of(table, time.time())),

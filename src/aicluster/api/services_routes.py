@@ -29,7 +29,7 @@ TeamQuery = Query(default=None, max_length=63, description="admins: the service'
 
 def service_json(ops: EndpointOps, svc: ServiceRecord, with_history: bool = False) -> dict:
     reps = ops.replicas(svc, live_only=not with_history)
-    demand = ops.table.demand(svc.team, svc.name)
+    demand = ops.demand(svc.team, svc.name)
     d = {
         "name": svc.name,
         "team": svc.team,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from aicluster.control.api_ops import BadRequest, ForbiddenError, NotFoundError
-from aicluster.control.endpoints import EndpointTable, ServiceEndpoints
+from aicluster.control.endpoints import Demand, EndpointTable, ServiceEndpoints
 from aicluster.control.services_loop import served_model
 from aicluster.core.routing import make_policy
 from aicluster.specs.errors import SpecError, SpecIssue
@@ -29,6 +29,14 @@ class EndpointOps:
     table: EndpointTable
     notify: Callable[[], None] = lambda: None
     artifacts: object | None = None  # control.artifacts.ArtifactService (model artifacts)
+    # every gateway's demand for a service (RemoteDemand.merged); None: this process's only
+    demand_of: Callable[[str, str], Demand] | None = None
+
+    def demand(self, team: str, name: str) -> Demand:
+        """A service's demand as described: every gateway's, when they report."""
+        if self.demand_of is not None:
+            return self.demand_of(team, name)
+        return self.table.demand(team, name)
 
     def deploy(self, who: Principal, doc: dict) -> ServiceRecord:
         if who.role == "viewer":

@@ -180,3 +180,19 @@ class RemoteDemand:
         for _age, d in self.reports.fresh(exclude=self.own_id):
             out.setdefault((d.team, d.name), []).append(d)
         return out
+
+    def merged(self, table: EndpointTable, max_age_s: float = 1.0, clock=time.time):
+        """`(team, name) -> Demand`: this process's demand plus the other gateways' fresh
+        reports, the reports read at most once per `max_age_s` (what describe shows, on
+        any control-plane replica, leader or not)."""
+        cache: dict = {"at": None, "remote": {}}
+
+        def demand(team: str, name: str) -> Demand:
+            now = clock()
+            if cache["at"] is None or now - cache["at"] > max_age_s:
+                cache["remote"], cache["at"] = self.read(), now
+            remote = cache["remote"].get((team, name))
+            local = table.demand(team, name)
+            return merge_demand(local, remote, now) if remote else local
+
+        return demand

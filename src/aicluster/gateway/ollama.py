@@ -32,7 +32,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
@@ -40,6 +39,7 @@ from starlette.background import BackgroundTask
 from aicluster.gateway.bodies import BodyError, parse
 from aicluster.gateway.errors import unauthorized_message
 from aicluster.gateway.streams import Opened, ProxiedStream, read_bounded, read_upstream
+from aicluster.gateway.upstream import ReplicaError
 from aicluster.specs.limits import MAX_OPENAI_BODY_BYTES as MAX_BODY_BYTES
 from aicluster.store.identity import Principal
 
@@ -318,7 +318,7 @@ async def _ndjson(
                         tally.first = time.monotonic()
                         opened.on_first()
                     yield _line(model, chat, text, calls, done=False)
-    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+    except (ReplicaError, ValueError, AttributeError) as exc:
         yield json.dumps({"error": f"the replica's stream broke: {type(exc).__name__}"}).encode()
         yield b"\n"
         return
@@ -333,7 +333,7 @@ async def _whole(
         opened.on_first()
         doc = json.loads(raw)
         choice = (doc.get("choices") or [{}])[0]
-    except (httpx.HTTPError, ValueError, AttributeError, IndexError):
+    except (ReplicaError, ValueError, AttributeError, IndexError):
         return error(502, "the replica's answer could not be read")
     finally:
         await opened.close()
@@ -472,7 +472,7 @@ class OllamaRoutes:
             answer = json.loads(await read_upstream(opened.upstream, MAX_ANSWER_BYTES))
             rows = sorted(answer["data"], key=lambda d: d.get("index", 0))
             vectors = [d["embedding"] for d in rows]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        except (ReplicaError, ValueError, KeyError, TypeError, AttributeError):
             self.gw.record(who, ep, 0, 0, error=True)
             return error(502, "the replica's embeddings could not be read")
         finally:

@@ -5,6 +5,10 @@ table, people's tokens and rate limits, routes each request in memory (gateway.p
 and reports its demand and usage back. `aicluster up` starts one on the head; more can
 run on any machine that reaches a control-plane replica and the replicas' nodes.
 
+Each process serves with gateway.httpserver (the lean HTTP server: the OpenAI POST routes
+straight from the socket, the rest through the FastAPI app); `--http uvicorn` serves the
+same routes under uvicorn, to compare (bench/gateway_overhead.py).
+
 `--workers N` starts N processes that share the port with SO_REUSEPORT (the kernel
 spreads connections over them); the first process supervises the others and starts a
 worker again if one dies. Each worker follows the feed and reports on its own, as any
@@ -33,7 +37,9 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("aicluster.gateway")
 FIRST_SYNC_S = 10.0
@@ -56,8 +62,27 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def build(urls: list[str], token: str, hold_timeout_s: float = 120.0):
-    """(the ASGI app, its follower, its reporter): a gateway wired to the control plane."""
+@dataclass
+class Parts:
+    """A gateway wired to the control plane: its routing core, its ASGI app (every route),
+    the feed's follower and the reporter of demand and usage."""
+
+    gateway: Any
+    app: Any
+    follower: Any
+    reporter: Any
+
+    def start(self) -> None:
+        self.follower.start()
+        self.reporter.start()
+
+    async def stop(self) -> None:
+        self.follower.stop()
+        await self.gateway.close()
+        self.reporter.stop()  # the last report and usage flush
+
+
+def build(urls: list[str], token: str, hold_timeout_s: float = 120.0) -> Parts:
     from fastapi import FastAPI
 
     from aicluster.control.endpoints import EndpointTable
@@ -76,19 +101,7 @@ def build(urls: list[str], token: str, hold_timeout_s: float = 120.0):
     gw = Gateway(
         table, book.identify, hold_timeout_s=hold_timeout_s, usage=reporter.usage, limiter=limiter
     )
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_app):
-        follower.start()
-        reporter.start()
-        try:
-            yield
-        finally:
-            follower.stop()
-            await gw.close()
-            reporter.stop()  # the last report and usage flush
-
-    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(gw.router())
 
     @app.get("/healthz")
@@ -102,7 +115,7 @@ def build(urls: list[str], token: str, hold_timeout_s: float = 120.0):
             "in_flight": sum(table.demand(ep.team, ep.name).ongoing for ep in table.all()),
         }
 
-    return app, follower, reporter
+    return Parts(gw, app, follower, reporter)
 
 
 def first_sync(follower, deadline_s: float = FIRST_SYNC_S) -> bool:
@@ -124,14 +137,58 @@ def first_sync(follower, deadline_s: float = FIRST_SYNC_S) -> bool:
 
 
 def serve(args, token: str) -> None:
+    parts = build(args.control_plane, token, args.hold_timeout)
+    sock = reuseport_socket(args.host, args.port)  # bound before the wait: the port is ours
+    if not first_sync(parts.follower):
+        log.warning("no control plane answered yet: serving an empty table until one does")
+    log.info(
+        "gateway pid %d serving http://%s:%d (%s)", os.getpid(), args.host, args.port, args.http
+    )
+    if args.http == "uvicorn":
+        serve_uvicorn(parts, sock)
+        return
+    import uvloop
+
+    uvloop.run(serve_lean(parts, sock))
+
+
+async def serve_lean(parts: Parts, sock: socket.socket) -> None:
+    """gateway.httpserver until SIGTERM or SIGINT, then drain and stop."""
+    import asyncio
+
+    from aicluster.gateway.httpserver import LeanServer
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server = LeanServer(parts.gateway, parts.app)
+    parts.start()
+    try:
+        await server.start(sock)
+        await server.serve_until(stop)
+    finally:
+        await parts.stop()
+
+
+def serve_uvicorn(parts: Parts, sock: socket.socket) -> None:
+    """The same routes under uvicorn, the hot ones in plain ASGI (gateway.fastpath): the
+    stack the lean server replaced, kept to measure against (bench/gateway_overhead.py)."""
     import uvicorn
 
-    app, follower, _ = build(args.control_plane, token, args.hold_timeout)
-    sock = reuseport_socket(args.host, args.port)  # bound before the wait: the port is ours
-    if not first_sync(follower):
-        log.warning("no control plane answered yet: serving an empty table until one does")
+    from aicluster.gateway.fastpath import FastPath
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        parts.start()
+        try:
+            yield
+        finally:
+            await parts.stop()
+
+    parts.app.router.lifespan_context = lifespan
     config = uvicorn.Config(
-        app,
+        FastPath(parts.gateway, parts.app),
         loop="uvloop",
         http="httptools",
         log_level="warning",
@@ -139,7 +196,6 @@ def serve(args, token: str) -> None:
         use_colors=False,
         timeout_keep_alive=30,
     )
-    log.info("gateway pid %d serving http://%s:%d", os.getpid(), args.host, args.port)
     uvicorn.Server(config).run(sockets=[sock])
 
 
@@ -191,6 +247,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8766)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--hold-timeout", type=float, default=120.0, metavar="SECONDS")
+    p.add_argument(
+        "--http",
+        choices=("lean", "uvicorn"),
+        default="lean",
+        help="the HTTP server: gateway.httpserver (default) or uvicorn, to compare",
+    )
     return p
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import httpx
 from fastapi import APIRouter, Request
@@ -46,6 +46,7 @@ from aicluster.gateway.ollama import OllamaRoutes
 from aicluster.gateway.ratelimit import Limiter
 from aicluster.gateway.schemas import ERROR_RESPONSES, openapi_extra
 from aicluster.gateway.streams import Opened, passthrough, read_bounded, read_upstream
+from aicluster.gateway.upstream import Pool, ReplicaError
 from aicluster.gateway.usage import UsageRecorder, meter_for
 from aicluster.runtime.replica_auth import SECRET_HEADER
 from aicluster.specs.limits import MAX_OPENAI_BODY_BYTES
@@ -86,7 +87,8 @@ class Gateway:
         self.metrics = metrics  # control.metrics.Metrics, or None
         self.hold_timeout_s = hold_timeout_s
         self._policies: dict[tuple[str, str], tuple[tuple, RoutingPolicy]] = {}
-        self._client: httpx.AsyncClient | None = None
+        self._client: httpx.AsyncClient | None = None  # for scraping replicas' /metrics
+        self.pool = Pool()  # for proxying: gateway.upstream (lean keep-alive connections)
         self.loads = LoadScraper(
             table, lambda: self.client, self._own_outstanding, interval_s=scrape_interval_s
         )
@@ -170,35 +172,50 @@ class Gateway:
 
     def _handler(self, path: str):
         async def handle(request: Request):
-            who = self.who(request.headers)
-            if not isinstance(who, Principal):
-                return errors.unauthorized(who)
-            refused = self.over_limit(who)
-            if refused is not None:
-                return errors.rate_limited(refused)
-            raw = await read_bounded(request, MAX_BODY_BYTES)
-            if raw is None:
-                return errors.too_large(MAX_BODY_BYTES)
-            try:
-                body = parse(raw)
-            except BodyError as exc:
-                return errors.bad_request(str(exc))
-            if body.model is None:
-                return errors.bad_request("'model' is required (a string)", "model")
-            ep = self.resolve(who, body.model)
-            if ep is None:
-                return errors.model_not_found(body.model)
-            raw = body.with_model(ep.served_model or ep.name)
-            headers = {"content-type": request.headers.get("content-type", "application/json")}
-            opened = await self.open(ep, path, raw, body.doc, request.headers, headers)
-            if not isinstance(opened, Opened):
-                self.record(who, ep, 0, 0, error=True)
-                return opened
-            meter = meter_for(opened.upstream.headers)
-            self.on_close(opened, lambda: self.record(who, ep, *meter.tokens()))
-            return passthrough(opened, meter.feed)
+            out = await self.forward(path, request.headers, lambda n: read_bounded(request, n))
+            if isinstance(out, tuple):
+                return passthrough(*out)
+            return out
 
         return handle
+
+    async def forward(
+        self,
+        path: str,
+        headers: Mapping[str, str],
+        read_body: Callable[[int], Awaitable[bytes | None]],
+    ) -> tuple[Opened, Callable[[bytes], None]] | JSONResponse:
+        """One OpenAI request, whatever server carries it (`headers` with lower-case names,
+        `read_body(limit)`: the body, or None past the limit): the gateway's error, or the
+        replica's opened answer and what each of its chunks must be shown to as it passes
+        (the usage meter). The caller passes the chunks on and closes the Opened."""
+        who = self.who(headers)
+        if not isinstance(who, Principal):
+            return errors.unauthorized(who)
+        refused = self.over_limit(who)
+        if refused is not None:
+            return errors.rate_limited(refused)
+        raw = await read_body(MAX_BODY_BYTES)
+        if raw is None:
+            return errors.too_large(MAX_BODY_BYTES)
+        try:
+            body = parse(raw)
+        except BodyError as exc:
+            return errors.bad_request(str(exc))
+        if body.model is None:
+            return errors.bad_request("'model' is required (a string)", "model")
+        ep = self.resolve(who, body.model)
+        if ep is None:
+            return errors.model_not_found(body.model)
+        raw = body.with_model(ep.served_model or ep.name)
+        out_headers = {"content-type": headers.get("content-type", "application/json")}
+        opened = await self.open(ep, path, raw, body.doc, headers, out_headers)
+        if not isinstance(opened, Opened):
+            self.record(who, ep, 0, 0, error=True)
+            return opened
+        meter = meter_for(opened.upstream.headers)
+        self.on_close(opened, lambda: self.record(who, ep, *meter.tokens()))
+        return opened, meter.feed
 
     def over_limit(self, who: Principal):
         """The refusal (gateway.ratelimit.Refused) when `who` is over a rate limit."""
@@ -307,19 +324,16 @@ class Gateway:
         for rid in candidates[:MAX_ATTEMPTS]:
             policy.on_start(rid, route)
             try:
-                upstream = await self.client.send(
-                    self.client.build_request(
-                        "POST",
-                        f"{reps[rid].url}/v1/{path}",
-                        content=raw,
-                        headers={**headers, SECRET_HEADER: reps[rid].secret},
-                    ),
-                    stream=True,
+                upstream = await self.pool.request(
+                    "POST",
+                    f"{reps[rid].url}/v1/{path}",
+                    raw,
+                    {**headers, SECRET_HEADER: reps[rid].secret},
                 )
-            except httpx.HTTPError as exc:
+            except ReplicaError as exc:
                 policy.on_finish(rid)
                 policy.on_result(rid, False, self.clock())
-                last_error = f"replica {rid}: {type(exc).__name__}"
+                last_error = f"replica {rid}: {exc}"
                 self._count(ep, rid, "connect_error")
                 continue
             status = upstream.status_code
@@ -335,7 +349,7 @@ class Gateway:
             if status >= 400:  # the engine refused the request: say so in OpenAI's format
                 try:
                     raw_error = await read_upstream(upstream, MAX_ERROR_BYTES)
-                except httpx.HTTPError:
+                except ReplicaError:
                     raw_error = b""
                 finally:
                     await upstream.aclose()
@@ -363,6 +377,7 @@ class Gateway:
 
     async def close(self) -> None:
         await self.loads.stop()
+        await self.pool.aclose()
         if self._client is not None:
             await self._client.aclose()
 

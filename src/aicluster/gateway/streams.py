@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import httpx
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
+
+from aicluster.gateway.upstream import Answer
 
 
 @dataclass
@@ -24,7 +25,7 @@ class Opened:
     """A replica's answer (status < 400), its body not read yet. `close` (idempotent) closes
     it and counts the request finished: whoever takes an Opened must call it."""
 
-    upstream: httpx.Response
+    upstream: Answer
     on_first: Callable[[], None]
     on_done: Callable[[], None]
     cold_start_ms: float | None = None
@@ -54,7 +55,7 @@ async def read_bounded(request: Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-async def read_upstream(upstream: httpx.Response, limit: int) -> bytes:
+async def read_upstream(upstream: Answer, limit: int) -> bytes:
     chunks, size = [], 0
     async for chunk in upstream.aiter_bytes():
         chunks.append(chunk)
