@@ -16,7 +16,7 @@ and vllm-router (round_robin) and the LiteLLM proxy (pinned version, simple-shuf
 the same engines; see bench/_servers.py for their virtual environments. A peer that cannot
 run gets a row saying why.
 
-One httpx.AsyncClient per target sends the same non-streaming chat completion
+Each client worker (its own httpx.AsyncClient) sends the same non-streaming chat completion
 (max_tokens 16). Four phases, each repeated for `--rounds` rounds that visit the targets in a
 rotating order (direct and routed alternate, so drift on this shared machine hits all alike):
   1. unloaded: `--lat-requests` requests one at a time -> p50/p99 latency; "added" is the
@@ -121,11 +121,12 @@ async def unloaded(client, t: Target, body: dict, n: int) -> None:
             t.lat.append(dt)
 
 
-async def loaded(client, t: Target, body: dict, concurrency: int, duration: float) -> None:
+async def loaded(clients, t: Target, body: dict, concurrency: int, duration: float) -> None:
+    """`concurrency` workers in a closed loop, each with its own client (`clients[k]`)."""
     stop = time.perf_counter() + duration
     done = 0
 
-    async def worker() -> None:
+    async def worker(client) -> None:
         nonlocal done
         while time.perf_counter() < stop:
             dt = await one(client, t, body)
@@ -135,16 +136,16 @@ async def loaded(client, t: Target, body: dict, concurrency: int, duration: floa
 
     cpu0 = cpu_seconds(t.pid)
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(clients[k]) for k in range(concurrency)))
     t.busy_s += time.perf_counter() - t0
     t.cpu_s += cpu_seconds(t.pid) - cpu0
     t.done += done
 
 
-async def loaded_high(client, t: Target, body: dict, concurrency: int, duration: float) -> None:
+async def loaded_high(clients, t: Target, body: dict, concurrency: int, duration: float) -> None:
     """The loaded phase again at a higher concurrency, kept apart."""
     keep = (t.done, t.busy_s, t.cpu_s, len(t.loaded))
-    await loaded(client, t, body, concurrency, duration)
+    await loaded(clients, t, body, concurrency, duration)
     t.hi_done += t.done - keep[0]
     t.hi_busy_s += t.busy_s - keep[1]
     t.hi_lat += t.loaded[keep[3] :]
@@ -152,12 +153,12 @@ async def loaded_high(client, t: Target, body: dict, concurrency: int, duration:
     del t.loaded[keep[3] :]
 
 
-async def streamed(client, t: Target, body: dict, n: int, concurrency: int) -> None:
+async def streamed(clients, t: Target, body: dict, n: int, concurrency: int) -> None:
     """`n` paced streams, `concurrency` at a time: time to the first event, and the gaps
     between events as the client sees them (the engine spaces them evenly)."""
     todo = iter(range(n))
 
-    async def worker() -> None:
+    async def worker(client) -> None:
         for _ in todo:
             url = t.urls[t.sent % len(t.urls)]
             t.sent += 1
@@ -185,7 +186,7 @@ async def streamed(client, t: Target, body: dict, n: int, concurrency: int) -> N
                 continue
             t.gaps += gaps
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(clients[k]) for k in range(concurrency)))
 
 
 def cpu_seconds(pid: int | None) -> float:
@@ -207,12 +208,23 @@ def cpu_seconds(pid: int | None) -> float:
 async def measure(targets: list[Target], args) -> None:
     body = {"model": S.MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 16}
     live = [t for t in targets if t.why_not is None]
-    most = max(args.concurrency, args.high_concurrency)
-    limits = httpx.Limits(max_connections=most, max_keepalive_connections=most)
-    clients = {t.name: httpx.AsyncClient(limits=limits, timeout=60.0) for t in live}
+    # Each worker has a client of its own (as many connections as the target has URLs): one
+    # httpx pool of N connections costs O(N) per request and made the client the bottleneck
+    # at concurrency 64 (bench/gateway_soak.py found it with py-spy).
+    most = max(args.concurrency, args.high_concurrency, args.stream_concurrency)
+    clients = {
+        t.name: [
+            httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=len(t.urls), max_keepalive_connections=8),
+                timeout=60.0,
+            )
+            for _ in range(most)
+        ]
+        for t in live
+    }
     try:
         for t in live:  # warm up connections and code paths; not counted
-            await loaded(clients[t.name], t, body, args.concurrency, 0.5)
+            await loaded(clients[t.name], t, body, most, 0.5)
             t.loaded.clear()
             t.done, t.busy_s, t.errors, t.cpu_s = 0, 0.0, 0, 0.0
         paced = body | {"stream": True, "user": f"bench-pace-{args.stream_pace_ms}"}
@@ -225,7 +237,7 @@ async def measure(targets: list[Target], args) -> None:
                     c = clients[t.name]
                     await asyncio.sleep(args.settle)  # let the previous target go idle
                     if phase == "unloaded":
-                        await unloaded(c, t, body, args.lat_requests)
+                        await unloaded(c[0], t, body, args.lat_requests)
                     elif phase == "loaded":
                         await loaded(c, t, body, args.concurrency, args.duration)
                     elif phase == "high":
@@ -234,8 +246,9 @@ async def measure(targets: list[Target], args) -> None:
                         await streamed(c, t, paced, args.streams, args.stream_concurrency)
                 print(f"  {phase} round {rnd + 1}/{args.rounds} done", file=sys.stderr)
     finally:
-        for c in clients.values():
-            await c.aclose()
+        for cs in clients.values():
+            for c in cs:
+                await c.aclose()
 
 
 def report(targets: list[Target], args) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+from contextlib import contextmanager
 
 import httpx
 import openai
@@ -272,31 +273,34 @@ def test_malformed_and_oversized_heads_get_4xx_and_a_closed_connection(lean):
     assert httpx.get(url + "/healthz").status_code == 200  # the server goes on
 
 
-def test_a_stream_passes_each_event_as_it_comes(lean):
+@contextmanager
+def first_event(lean, replica: str):
+    """The lines of a streamed completion through the lean server to `replica`, once its
+    first event arrived."""
     table, url = lean
+    publish(table, replica)
+    body = {"model": "chat", "prompt": "x", "max_tokens": 2, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers=AUTH) as r:
+        lines = r.iter_lines()
+        first = next(line for line in lines if line)
+        assert first == 'data: {"choices": [{"index": 0, "text": "first"}]}'
+        yield lines
+
+
+def test_a_stream_passes_each_event_as_it_comes(lean):
     paced = Paced()
-    with serving(paced.app) as replica:
-        publish(table, replica)
-        body = {"model": "chat", "prompt": "x", "max_tokens": 2, "stream": True}
-        with httpx.stream("POST", url + "/v1/completions", json=body, headers=AUTH) as r:
-            lines = r.iter_lines()
-            assert next(line for line in lines if line) == (
-                'data: {"choices": [{"index": 0, "text": "first"}]}'
-            )
-            assert not paced.finished.is_set()  # the replica is still waiting for `go`
-            paced.go.set()
-            rest = [line for line in lines if line]
-        assert rest[-1] == "data: [DONE]"
+    with serving(paced.app) as replica, first_event(lean, replica) as lines:
+        assert not paced.finished.is_set()  # the replica is still waiting for `go`
+        paced.go.set()
+        rest = [line for line in lines if line]
+    assert rest[-1] == "data: [DONE]"
 
 
 def test_a_client_that_leaves_mid_stream_frees_the_request_and_the_replica(lean):
-    table, url = lean
+    table, _url = lean
     paced = Paced()
     with serving(paced.app) as replica:
-        publish(table, replica)
-        body = {"model": "chat", "prompt": "x", "max_tokens": 2, "stream": True}
-        with httpx.stream("POST", url + "/v1/completions", json=body, headers=AUTH) as r:
-            next(line for line in r.iter_lines() if line)
+        with first_event(lean, replica):
             assert table.demand("team-a", "chat").ongoing == 1
         # the client closed its connection without reading on
         wait_for(lambda: table.demand("team-a", "chat").ongoing == 0, timeout=5, what="freed")

@@ -307,7 +307,8 @@ class LeanServer:
 
         out = await self.gw.forward(path, req.header_map(), read_body)
         if not isinstance(out, tuple):  # the gateway's error (a Starlette response)
-            conn.write(head_of(out.status_code, out.raw_headers) + out.body)
+            head = head_of(out.status_code, out.raw_headers, close=not req.keep_alive)
+            conn.write(head + out.body)
             return
         opened, observe = out
         up = opened.upstream
