@@ -131,7 +131,7 @@ def test_ollama_routes_record_the_engines_usage(gw):
 
 
 def test_a_team_over_its_rate_gets_429_and_another_team_does_not(gw):
-    url, _usage, _rows, limiter = gw
+    url, usage, rows, limiter = gw
     limiter.set_limits([RateLimit("team", "team-a", 0.01, 1, None, 0.0, "admin")])
     a, b = oai(url, "tok-a"), oai(url, "tok-b")
     assert a.completions.create(model="chat", prompt="x", max_tokens=1).choices
@@ -149,6 +149,20 @@ def test_a_team_over_its_rate_gets_429_and_another_team_does_not(gw):
     )
     assert r.status_code == 429 and r.headers["Retry-After"] == "100"
     assert "team team-a over" in r.json()["error"]
+    # the two refusals are in the usage, as limited requests of team-a with no service
+    want = {("team-a", 11, ""): [2, 2, 2], ("team-a", 11, "team-a/chat"): [1, 0, 0]}
+    want[("team-b", 12, "team-b/chat")] = [3, 0, 0]
+    wait_for(lambda: (usage.flush(), limited_sums(rows))[1] == want, timeout=10, what="usage")
+
+
+def limited_sums(rows: list[dict]) -> dict:
+    """(team, token, service) -> [requests, errors, limited]"""
+    out: dict = {}
+    for r in rows:
+        s = out.setdefault((r["team"], r["token_id"], r["service"]), [0, 0, 0])
+        for i, k in enumerate(("requests", "errors", "limited")):
+            s[i] += r[k]
+    return out
 
 
 def test_expired_and_revoked_tokens_get_a_401_saying_which(gw):

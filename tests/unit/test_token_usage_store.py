@@ -46,9 +46,10 @@ def test_records_sum_per_key_and_a_batch_taken_twice_counts_once(env):
     rec.record(ALICE, "ml/chat", "m", 10, 5)
     rec.record(ALICE, "ml/chat", "m", 7, 3)
     rec.record(BOB, "ml/chat", "m", 1, 1, error=True)
+    rec.record(BOB, "", "", 0, 0, limited=True)  # refused by a rate limit: no service
     assert rec.flush() == 1 and rec.unflushed() == 0
     (batch,) = sent
-    assert batch["batch_id"] == "gw-test-1" and len(batch["rows"]) == 2
+    assert batch["batch_id"] == "gw-test-1" and len(batch["rows"]) == 3
     mine = next(r for r in batch["rows"] if r["user"] == "alice")
     assert mine == dict(
         minute=100,
@@ -61,15 +62,17 @@ def test_records_sum_per_key_and_a_batch_taken_twice_counts_once(env):
         errors=0,
         prompt_tokens=17,
         completion_tokens=8,
+        limited=0,
     )
     assert ledger.accept(batch) is False  # the same batch again: acknowledged, no change
     (total,) = usage.totals(None, 0.0, None)
-    assert (total.requests, total.errors, total.prompt_tokens, total.completion_tokens) == (
-        3,
-        1,
-        18,
-        9,
-    )
+    got = (total.requests, total.errors, total.prompt_tokens, total.completion_tokens)
+    assert got == (4, 2, 18, 9) and total.limited == 1
+    # a gateway from before `limited` sends rows without it: taken, as none limited
+    old = {k: v for k, v in mine.items() if k != "limited"}
+    assert ledger.accept({"batch_id": "gw-old-1", "source": "gw-old", "rows": [old]})
+    (total,) = usage.totals(None, 0.0, None)
+    assert (total.requests, total.limited) == (6, 1)
     assert rec.flush() == 0  # nothing new: no empty batch
 
 

@@ -95,6 +95,7 @@ def token_usage(since: str, team: str | None, by: str, json_output: bool, url, t
             (by.upper(), lambda r: r["key"] if r["key"] not in (None, "") else "-"),
             ("REQUESTS", "requests"),
             ("ERRORS", "errors"),
+            ("LIMITED", "limited"),
             ("PROMPT TOKENS", "prompt_tokens"),
             ("COMPLETION TOKENS", "completion_tokens"),
             ("COST", lambda r: f"{r['cost']:,.4f}"),

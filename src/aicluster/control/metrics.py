@@ -70,7 +70,8 @@ class Metrics:
         )
         self.gateway_requests = PromCounter(
             "aicluster_gateway_requests",
-            "Gateway requests by service, replica and outcome",
+            "Gateway requests by service, replica and outcome (code 429: refused by a rate "
+            "limit before a service was chosen; team is the caller's, service and replica empty)",
             ["team", "service", "replica", "code"],
             registry=r,
         )

@@ -42,6 +42,7 @@ class UsageRowIn(BaseModel):
     errors: Count
     prompt_tokens: Count
     completion_tokens: Count
+    limited: Count = 0  # refused by a rate limit (gateways before it sent none)
 
 
 class UsageBatch(BaseModel):

@@ -218,8 +218,15 @@ class Gateway:
         return opened, meter.feed
 
     def over_limit(self, who: Principal):
-        """The refusal (gateway.ratelimit.Refused) when `who` is over a rate limit."""
-        return self.limiter.admit(who) if self.limiter is not None else None
+        """The refusal (gateway.ratelimit.Refused) when `who` is over a rate limit; such a
+        request is recorded as limited (usage) and counted with code 429 (metrics)."""
+        refused = self.limiter.admit(who) if self.limiter is not None else None
+        if refused is not None:
+            if self.usage is not None:
+                self.usage.record(who, "", "", 0, 0, limited=True)
+            if self.metrics is not None:
+                self.metrics.gateway_requests.labels(who.team or "", "", "", "429").inc()
+        return refused
 
     def record(
         self,

@@ -5,7 +5,9 @@ Vocabulary:
 - a *record*: one request that reached a service, after its answer completed: the
   caller's team ('' for an admin without one), user and token id, the service
   (`TEAM/NAME`), the model the engine served, prompt and completion tokens, requests=1,
-  errors (1 when the answer was an error: the gateway's or the engine's).
+  errors (1 when the answer was an error: the gateway's or the engine's), limited (1 when
+  a rate limit refused it: a 429, counted as an error too, before any service was chosen,
+  so with service and model '').
 - tokens come from the engine's `usage`: the JSON answer's (non-streaming), or the last
   chunk that carries one on a server-sent-event stream (`stream_options.include_usage`;
   the Ollama routes always ask for it). A stream without usage counts one completion
@@ -14,7 +16,7 @@ Vocabulary:
 - a *batch*: the records of about a second summed per key (UTC minute, team, user,
   token, service, model), with an id unique to this gateway process and a sequence
   number: `{"batch_id", "source", "rows": [{KEY..., requests, errors, prompt_tokens,
-  completion_tokens}]}`, plain JSON.
+  completion_tokens, limited}]}`, plain JSON.
 
 Invariants:
 - Nothing on a request's path reads or writes the store: `record` adds to a dict in
@@ -49,7 +51,7 @@ SYNC_EVERY_S = 1.0
 MAX_QUEUED_BATCHES = 3600  # about an hour of a busy gateway's batches while none is taken
 MAX_JSON_BYTES = 1 << 20  # a JSON answer parsed whole; past it, its tail is searched
 TAIL_BYTES = 64 << 10
-SUMS = ("requests", "errors", "prompt_tokens", "completion_tokens")
+SUMS = ("requests", "errors", "prompt_tokens", "completion_tokens", "limited")
 
 Sink = Callable[[dict], object]  # takes a batch; returns once it is committed, else raises
 
@@ -89,6 +91,7 @@ class UsageRecorder:
         prompt_tokens: int,
         completion_tokens: int,
         error: bool = False,
+        limited: bool = False,
     ) -> None:
         key = (
             int(self.clock() // 60),
@@ -98,9 +101,15 @@ class UsageRecorder:
             service,
             model,
         )
-        add = (1, int(error), max(0, int(prompt_tokens)), max(0, int(completion_tokens)))
+        add = (
+            1,
+            int(error or limited),
+            max(0, int(prompt_tokens)),
+            max(0, int(completion_tokens)),
+            int(limited),
+        )
         with self._lock:
-            sums = self._pending.setdefault(key, [0, 0, 0, 0])
+            sums = self._pending.setdefault(key, [0, 0, 0, 0, 0])
             for i, n in enumerate(add):
                 sums[i] += n
 

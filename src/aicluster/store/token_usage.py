@@ -47,6 +47,7 @@ class TokenTotal:
     prompt_tokens: int
     completion_tokens: int
     cost_micros: int
+    limited: int
 
 
 @dataclass(frozen=True)

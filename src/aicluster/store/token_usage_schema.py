@@ -2,8 +2,9 @@
 token), and the batches already taken (store.token_usage).
 
 Quantities are integers, so every total is the exact sum of what the gateways reported:
-requests, errors, prompt and completion tokens, and cost in micro-units of the price's
-currency. The caller's team is '' for an admin without one (NULLs would defeat the key).
+requests, errors, prompt and completion tokens, cost in micro-units of the price's
+currency, and the requests a rate limit refused (`limited`, counted in requests and
+errors too; their service is '' when the limit refused them before the body named one). The caller's team is '' for an admin without one (NULLs would defeat the key).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from aicluster.store.schema import Base
 
-TOKEN_SUMS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cost_micros")
+TOKEN_SUMS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cost_micros", "limited")
 
 
 class TokenUsageRow(Base):
@@ -37,6 +38,7 @@ class TokenUsageRow(Base):
     prompt_tokens: Mapped[int] = mapped_column(BigInteger)
     completion_tokens: Mapped[int] = mapped_column(BigInteger)
     cost_micros: Mapped[int] = mapped_column(BigInteger)
+    limited: Mapped[int] = mapped_column(BigInteger, default=0)  # of `requests`: refused (429)
 
 
 class TokenUsageBatchRow(Base):
