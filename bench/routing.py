@@ -5,6 +5,8 @@ Run:  .venv/bin/python bench/routing.py            (about 3-4 minutes)
       .venv/bin/python bench/routing.py --quick    (about 40 s)
       .venv/bin/python bench/routing.py --gateways 2 --no-peers   (two gateways, each on its own view)
       .venv/bin/python bench/routing.py --no-peers --workloads shared_prefix
+      .venv/bin/python bench/routing.py --no-peers --policies round_robin prefix_cache \
+          --prefix-cache-options '{"balance_rel_threshold": 2}'   (tune one policy)
 
 Starts four `simulated` engines (bench/_engine_main.py) with realistic costs in simulated
 seconds (base TTFT 20 ms, prefill 0.2 ms per uncached prompt token, decode 20 ms per output
@@ -300,7 +302,8 @@ def run_one(name: str, kind: str, policy: str, gateways, jobs, args, n: int) -> 
     proc = None
     if kind == "gateway":
         urls = [g.url for g in gateways]
-        headers = [S.publish(g, f"run{n}", policy, ENGINES, f"g{n}") for g in gateways]
+        opts = args.prefix_cache_options if policy == "prefix_cache" else None
+        headers = [S.publish(g, f"run{n}", policy, ENGINES, f"g{n}", opts) for g in gateways]
     else:
         start = S.start_sglang_router if kind == "sglang" else S.start_vllm_router
         proc = start(ENGINES, policy)
@@ -399,6 +402,14 @@ def main() -> None:
     ap.add_argument("--time-scale", type=float, default=1.0, help="wall s per simulated s")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--prefix-cache-options",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help="routing options of prefix_cache, e.g. '{\"balance_rel_threshold\": 2}'",
+    )
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument(
         "--gateways",
@@ -426,7 +437,7 @@ def main() -> None:
             ENGINES.extend(S.start_engines(4, dict(ENGINE, time_scale=args.time_scale)))
         gateways = [S.start_gateway() for _ in range(args.gateways)]
         many = f" ({args.gateways} gateways)" if args.gateways > 1 else ""
-        runs = [(p + many, "gateway", p) for p in POLICIES]
+        runs = [(p + many, "gateway", p) for p in args.policies]
         if not args.no_peers:
             runs += [
                 ("sglang-router 0.3.2 cache_aware", "sglang", "cache_aware"),
