@@ -21,6 +21,24 @@ from aicluster.engine.raynode import NODE_DEATH_DETECTION
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
+def marked_processes(mark: str) -> list[int]:
+    """The node's live (not zombie) processes whose command line contains `mark`, as this
+    test sees them. A sandboxed workload has a PID namespace of its own (runtime.sandbox):
+    the pids it sees (`$$`) are not the node's, so tests find its processes by a mark."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes()
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if mark.encode() in cmdline and state != "Z":
+            out.append(int(d.name))
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

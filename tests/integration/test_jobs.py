@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+import uuid
 
 import psutil
 
-from harness import TERMINAL, wait_for
+from harness import TERMINAL, marked_processes, wait_for
 
 ENV_LINE = (
     "echo rank=$RANK world=$WORLD_SIZE local=$LOCAL_RANK node_rank=$NODE_RANK "
@@ -84,16 +85,14 @@ def test_failing_command_fails_with_its_exit_code(admin):
     assert [e["to_status"] for e in events] == ["PENDING", "ADMITTED", "RUNNING", "FAILED"]
 
 
-def test_cancel_kills_every_worker_and_frees_capacity(admin, shared_dir):
-    cmd = (
-        f"echo $$ > {shared_dir}/pid-$RANK; (sleep 600 & echo $! > {shared_dir}/child-$RANK; wait)"
-    )
+def test_cancel_kills_every_worker_and_frees_capacity(admin):
+    mark = f"600.{uuid.uuid4().int % 10**9}"  # sleep's argument, unique: how we find them
+    cmd = f"(sleep {mark} & wait)"
     job = admin.submit(job_spec("sleeper", cmd, workers=2, gpus=2), None)
     admin.wait(job["id"], {"RUNNING"}, timeout=60)
-    files = [shared_dir / f"{kind}-{r}" for kind in ("pid", "child") for r in range(2)]
-    wait_for(lambda: all(f.exists() and f.read_text().strip() for f in files), what="pids")
-    pids = [int(f.read_text()) for f in files]
-    assert all(psutil.pid_exists(p) for p in pids)
+    sleepers = lambda: [p for p in marked_processes(mark) if _name(p) == "sleep"]
+    pids = wait_for(lambda: len(sleepers()) == 2 and sleepers(), what="both workers' sleep")
+    pids += marked_processes(mark)  # and the shells around them
     done = admin.cancel(job["id"])
     assert done["status"] == "CANCELLED" and done["reason"] == "cancelled_by_user"
     assert "admin" in done["message"]
@@ -101,6 +100,13 @@ def test_cancel_kills_every_worker_and_frees_capacity(admin, shared_dir):
     # The whole cluster's GPUs are free again: a job that needs all of them runs.
     again = run_to_end(admin, job_spec("after-cancel", "true", workers=2, gpus=2))
     assert again["status"] == "SUCCEEDED"
+
+
+def _name(pid: int) -> str:
+    try:
+        return psutil.Process(pid).name()
+    except psutil.NoSuchProcess:
+        return ""
 
 
 def _alive(pid: int) -> bool:

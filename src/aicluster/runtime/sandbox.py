@@ -16,6 +16,13 @@ Invariants, when the node can sandbox (it runs as root and has bubblewrap and se
   only its own work folder is bound back under /tmp.
 - The Python it runs (the platform's interpreter and venv) is bound back read-only
   even where it lies under a hidden path, so `python train.py` works.
+- The command and everything it starts die with the sandbox: it runs in a PID namespace
+  of its own (`--unshare-pid`) whose init is bubblewrap, asked to die with its parent
+  (`--die-with-parent`; the worker asks the same of bubblewrap), and the kernel kills
+  every process of a namespace whose init is gone. (A parent-death signal alone is not
+  enough: bubblewrap runs without CAP_KILL, so its death cannot signal a process of
+  another user; sandboxed replicas outlived their workers that way.) The workload sees a
+  /proc of its namespace only: its own processes, not the node's command lines.
 - The environment is built from an allow-list (`workload_env`), never copied
   whole from the worker: the operator's AWS_*/cloud credentials, RAY_* settings and
   AICLUSTER_HOME never reach a workload.
@@ -154,6 +161,10 @@ def bwrap_prefix(policy: SandboxPolicy, job_dir: Path) -> list[str]:
     hidden = sorted({os.path.realpath(p) for p in (*policy.hidden, *node_hidden_paths()) if p})
     hidden = [h for h in hidden if h not in ("/", "/usr", "/bin", "/lib", "/etc")]
     argv = ["bwrap", "--dev-bind", "/", "/", "--tmpfs", "/tmp", "--die-with-parent"]
+    # A PID namespace of its own, with its own /proc: when bubblewrap goes, the kernel
+    # kills every process left in it (see the module's invariants); and the workload sees
+    # only its own processes' command lines.
+    argv += ["--unshare-pid", "--proc", "/proc"]
     for h in hidden:
         if os.path.isdir(h) and not h.startswith("/tmp/"):
             argv += ["--tmpfs", h]
