@@ -2,7 +2,8 @@
 page holds at most `limit` rows, following `next_cursor` reads every row once in the
 list's order and ends with null; a bad `limit` is a 422 and a cursor the list did not hand
 out a 400, each naming its field; the client and the CLI's --limit and --all-pages page
-the same way."""
+the same way. The queue pages too (control.queue_pages): positions over everybody's
+entries, a member sees only their team's."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from aicluster.cli.main import app
+
+from harness import team_members, wait_for
 
 pytestmark = pytest.mark.ray
 TEAM = "paging-a"
@@ -72,7 +75,16 @@ def test_events_nodes_and_tokens_page_too(admin, jobs):
 
 
 @pytest.mark.parametrize(
-    "path", ["/v1/jobs", "/v1/events", "/v1/nodes", "/v1/tokens", "/v1/services", "/v1/artifacts"]
+    "path",
+    [
+        "/v1/jobs",
+        "/v1/events",
+        "/v1/nodes",
+        "/v1/tokens",
+        "/v1/services",
+        "/v1/artifacts",
+        "/v1/queue",
+    ],
 )
 def test_bad_limit_and_cursor_are_refused_naming_the_field(control_plane, path):
     headers = {"Authorization": f"Bearer {control_plane.admin_token}"}
@@ -100,4 +112,57 @@ def test_the_cli_pages_with_limit_and_all_pages(control_plane, jobs):
     assert every.exit_code == 0, every.output
     assert [j["id"] for j in json.loads(every.stdout)] == jobs
     bad = runner.invoke(app, ["jobs", "--limit", "0", *base])
+    assert bad.exit_code != 0 and "--limit" in bad.output
+
+
+QUEUE_TEAMS = ("paging-q1", "paging-q2")
+
+
+@pytest.fixture(scope="module")
+def queued(control_plane, admin):
+    """Five jobs that never fit, alternating two teams, in the scheduler's queue; a
+    member's client per team. Cancelled at the end."""
+    members = team_members(control_plane, admin, QUEUE_TEAMS)
+    made = []
+    for i in range(5):
+        team = QUEUE_TEAMS[i % 2]
+        spec = {"kind": "job", "name": f"queued-{i}", "team": team, "command": "true"}
+        spec["resources"] = {"gpus": 64}  # never fits the test cluster: it stays PENDING
+        made.append(admin.submit(spec)["id"])
+    wait_for(
+        lambda: set(made) <= {q["workload"] for q in admin.queue(every=True)},
+        what="the jobs in the queue",
+    )
+    yield made, members
+    for job_id in made:
+        admin.cancel(job_id)
+
+
+def test_queue_pages_in_order_with_positions_and_a_member_sees_their_own(admin, queued):
+    made, members = queued
+    paged = walk(admin, "/v1/queue", "queue", (), 1)
+    positions = [q["position"] for q in paged]
+    assert positions == sorted(set(positions)), positions
+    everything = admin.queue(every=True)
+    assert [q["workload"] for q in everything] == [q["workload"] for q in paged]
+    assert admin.queue(limit=2) == everything[:2]
+    assert set(made) <= {q["workload"] for q in paged}
+    at = {q["workload"]: q["position"] for q in everything}
+    for n, (team, member) in enumerate(members.items()):
+        theirs = member.queue(limit=1, every=True)
+        assert {q["team"] for q in theirs} == {team}
+        assert {q["workload"] for q in theirs} >= set(made[n::2])
+        assert all(q["position"] == at[q["workload"]] for q in theirs)  # counted over all
+
+
+def test_the_cli_pages_the_queue(control_plane, queued):
+    base = ["--url", control_plane.url, "--token", control_plane.admin_token, "-o", "json"]
+    runner = CliRunner()
+    one = runner.invoke(app, ["queue", "--limit", "1", *base])
+    assert one.exit_code == 0, one.output
+    assert len(json.loads(one.stdout)) == 1
+    every = runner.invoke(app, ["queue", "--limit", "2", "--all-pages", *base])
+    assert every.exit_code == 0, every.output
+    assert set(queued[0]) <= {q["workload"] for q in json.loads(every.stdout)}
+    bad = runner.invoke(app, ["queue", "--limit", "0", *base])
     assert bad.exit_code != 0 and "--limit" in bad.output

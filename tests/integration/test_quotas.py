@@ -55,7 +55,7 @@ def test_team_reclaims_quota_by_preempting_a_borrower(admin, shared_dir):
             lambda: (j := admin.job(borrower["id"]))["status"] == "PENDING" and j["message"] and j,
             what="a wait reason",
         )
-        queue = admin.queue()
+        queue = admin.queue(every=True)
         (entry,) = [q for q in queue if q["workload"] == borrower["id"]]
         assert entry["wait_kind"] in {"capacity", "quota", "preempting"}, entry
         assert waiting["message"]

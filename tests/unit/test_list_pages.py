@@ -1,7 +1,9 @@
 """Keyset pages of the list routes' queries (store.cursors) on SQLite and PostgreSQL: every
 row once, in the list's order, whatever the page size and the filters; rows added while a
 reader pages neither repeat nor shift what it reads; a cursor the list did not hand out is
-refused naming `cursor`. Also the reconcile loop's incremental view of the PENDING jobs
+refused naming `cursor`. Pages of the scheduler's queue (control.queue_pages): positions
+over everybody's entries, a member's own only, a reorder between pages repeats or skips an
+entry as documented, only the page's jobs read from the store. Also the reconcile loop's incremental view of the PENDING jobs
 (control.snapshot.PendingJobs): after any change it equals a full read."""
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import base64
 
 import pytest
 
+from aicluster.control.queue_pages import QueueEntry, QueuePages
 from aicluster.control.snapshot import PendingJobs
 from aicluster.core.lifecycle import JobStatus, Reason, RequeueCause
 from aicluster.core.model import WaitKind
@@ -17,6 +20,7 @@ from aicluster.specs.job import JobSpec
 from aicluster.specs.service import ServiceSpec
 from aicluster.store import open_store
 from aicluster.store.cursors import MAX_LIMIT, BadCursor, decode, encode, page_of
+from aicluster.store.identity import Principal
 from aicluster.store.services import ServiceStore
 
 from fakes import FakeClock
@@ -173,3 +177,95 @@ def test_pending_jobs_kept_across_refreshes_equal_a_full_read(store):
     store.transition(ids[0], A, P, Reason.REQUEUED, "node lost", requeue_cause=lost)
     assert kept() == full() and ids[0] in {j for j, _, _ in full()}
     assert kept() == full()  # nothing changed: the same
+
+
+# -- the scheduler's queue (control.queue_pages): pages of an in-memory snapshot ---------
+
+
+def queue_of(store, teams: str) -> tuple[list[QueueEntry], list[str]]:
+    """A snapshot with one pending job per letter of `teams` (its team), a service
+    replica's entry (not a job: counted, never shown) second, and the jobs' ids."""
+    ids = [submit(store, f"q{i}", team=t) for i, t in enumerate(teams)]
+    team = dict(zip(ids, teams, strict=True))
+    entries = [QueueEntry(j, f"waits {j}", WaitKind.CAPACITY, team[j]) for j in ids]
+    entries.insert(1, QueueEntry("replica-x", "waits", WaitKind.CAPACITY, None, False))
+    return entries, ids
+
+
+def queue_pages(store, snapshot: list) -> tuple[QueuePages, list[int]]:
+    """Pages of `snapshot[0]` (replace it to model a new cycle) and the number of jobs
+    each store read asked for."""
+    reads: list[int] = []
+
+    def get_jobs(ids):
+        ids = list(ids)
+        reads.append(len(ids))
+        return store.get_jobs(ids)
+
+    return QueuePages(lambda: snapshot[0], get_jobs), reads
+
+
+ADMIN = Principal("admin", None, "admin")
+
+
+def test_queue_pages_in_order_with_positions_counted_over_everybody(store):
+    entries, ids = queue_of(store, "ababa")
+    pages, reads = queue_pages(store, [entries])
+    got = walk(lambda n, c: pages.page(ADMIN, n, c), 2)
+    assert [e["workload"] for e in got] == ids
+    assert [e["position"] for e in got] == [1, 3, 4, 5, 6]  # the replica is 2nd
+    assert got[0]["reason"] == f"waits {ids[0]}" and got[0]["wait_kind"] == "capacity"
+    assert max(reads) <= 3  # one read per page, of that page's jobs (and one more)
+    member = Principal("u", "b", "member")
+    mine = walk(lambda n, c: pages.page(member, n, c), 1)
+    assert [(e["workload"], e["position"]) for e in mine] == [(ids[1], 3), (ids[3], 5)]
+    assert walk(lambda n, c: pages.page(Principal("v", "c", "viewer"), n, c), 5) == []
+
+
+def test_a_members_sparse_entries_fill_their_page_from_a_long_queue(store):
+    entries, ids = queue_of(store, "b" * 30 + "a" + "b" * 30 + "a")
+    pages, reads = queue_pages(store, [entries])
+    page, more = pages.page(Principal("u", "a", "member"), 100, None)
+    assert [(e["workload"], e["position"]) for e in page] == [(ids[30], 32), (ids[61], 63)]
+    assert more is None and reads == [2]  # only the member's jobs are read
+
+
+def test_jobs_that_left_the_queue_are_skipped_and_the_page_still_fills(store):
+    entries, ids = queue_of(store, "aaaaa")
+    store.transition(ids[1], P, JobStatus.CANCELLED, Reason.CANCELLED_BY_USER)
+    pages, _ = queue_pages(store, [entries])
+    page, more = pages.page(ADMIN, 3, None)
+    assert [e["workload"] for e in page] == [ids[0], ids[2], ids[3]] and more is not None
+
+
+def test_a_reorder_between_pages_may_repeat_or_skip_an_entry_never_fail(store):
+    entries, ids = queue_of(store, "aaaaaa")
+    snapshot = [entries]
+    pages, _ = queue_pages(store, snapshot)
+    first, cursor = pages.page(ADMIN, 2, None)
+    assert [e["workload"] for e in first] == ids[:2]
+    jobs = [e for e in entries if e.is_job]
+    # a new cycle: ids[4] jumps ahead of the cursor (missed), ids[0] falls behind it (again)
+    snapshot[0] = [jobs[4], jobs[1], jobs[2], jobs[3], jobs[0], jobs[5]]
+    page, more = pages.page(ADMIN, 10, cursor)
+    assert [e["workload"] for e in page] == [ids[2], ids[3], ids[0], ids[5]] and more is None
+    assert [e["position"] for e in page] == [3, 4, 5, 6]
+    # the last entry shown was admitted: the next page starts at the position it had
+    first, cursor = pages.page(ADMIN, 2, None)
+    assert [e["workload"] for e in first] == [ids[4], ids[1]]
+    snapshot[0] = [jobs[4], jobs[2], jobs[3], jobs[0], jobs[5]]
+    page, _ = pages.page(ADMIN, 1, cursor)
+    assert [(e["workload"], e["position"]) for e in page] == [(ids[2], 2)]
+    snapshot[0] = []  # everything admitted: an empty page, not an error
+    assert pages.page(ADMIN, 5, cursor) == ([], None)
+
+
+def test_queue_cursors_of_another_list_or_shape_are_refused(store):
+    entries, _ = queue_of(store, "a")
+    pages, _ = queue_pages(store, [entries])
+    for cursor in (encode("jobs", 1), encode("queue", "1", "x"), encode("queue", 0, "x"), "%%"):
+        with pytest.raises(BadCursor) as exc:
+            pages.page(ADMIN, 5, cursor)
+        assert exc.value.field == "cursor"
+    with pytest.raises(ValueError, match="limit"):
+        pages.page(ADMIN, 0, None)

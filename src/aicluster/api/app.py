@@ -294,9 +294,12 @@ def create_app(services: ApiOps, routers=(), audit: AuditStore | None = None) ->
     def quotas(who: Principal = Depends(principal)):
         return {"quotas": [asdict(q) for q in services.list_quotas(who)]}
 
-    @app.get("/v1/queue", responses=responses(*AUTHED))
-    def queue(who: Principal = Depends(principal)):
-        return {"queue": services.pending_queue(who)}
+    @app.get("/v1/queue", responses=responses(*AUTHED, 400, 422))
+    def queue(limit: int = LIMIT, cursor: str | None = CURSOR, who=Depends(principal)):
+        """Pending workloads in the scheduler's order, a page at a time (control.queue_pages:
+        what a cursor means while the queue reorders)."""
+        page, more = services.pending_queue(who, limit, cursor)
+        return page_body("queue", page, more)
 
     @app.post("/v1/tokens", status_code=201, responses=responses(*ADMIN, 404, 409, *BODY))
     def create_token(request: Request, body: TokenBody, who: Principal = Depends(principal)):

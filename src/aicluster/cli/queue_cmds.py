@@ -7,15 +7,29 @@ from typing import Annotated
 import typer
 
 from aicluster.cli import output as out
-from aicluster.cli.common import OutputFormat, OutputOpt, TokenOpt, UrlOpt, cli_errors, make_client
+from aicluster.cli.common import (
+    AllPagesOpt,
+    LimitOpt,
+    OutputFormat,
+    OutputOpt,
+    TokenOpt,
+    UrlOpt,
+    cli_errors,
+    make_client,
+)
 
 
 def queue(
-    output: OutputOpt = OutputFormat.table, url: UrlOpt = None, token: TokenOpt = None
+    limit: LimitOpt = None,
+    all_pages: AllPagesOpt = False,
+    output: OutputOpt = OutputFormat.table,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
 ) -> None:
-    """Pending workloads in the order the scheduler considers them, and why each waits."""
+    """Pending workloads in the order the scheduler considers them, and why each waits:
+    one page (--limit), or every page with --all-pages."""
     with cli_errors(), make_client(url, token) as c:
-        rows = c.queue()
+        rows = c.queue(limit=limit, every=all_pages)
     if output == OutputFormat.json:
         out.print_json(rows)
         return

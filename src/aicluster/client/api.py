@@ -486,9 +486,11 @@ class Client:
 
     # queue and quotas
 
-    def queue(self) -> list[dict]:
-        """Pending workloads in the order the scheduler considers them, each with its reason."""
-        return self.request_json("GET", "/v1/queue")["queue"]
+    def queue(self, limit: int | None = None, every: bool = False) -> list[dict]:
+        """Pending workloads in the order the scheduler considers them, each with its
+        position and reason: one page (`limit`, else the server's default), or every page
+        with `every` (a reorder between pages may repeat or skip an entry: GET /v1/queue)."""
+        return self.listing("/v1/queue", "queue", (), limit, every)
 
     def quotas(self) -> list[dict]:
         return self.request_json("GET", "/v1/quotas")["quotas"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aicluster.control.logs import LogsRemoved, LogStore
+from aicluster.control.queue_pages import QueuePages
 from aicluster.control.workdirs import as_workdirs
 from aicluster.core.lifecycle import TERMINAL, JobStatus, Reason
 from aicluster.engine.protocol import Engine
@@ -101,8 +102,11 @@ class ApiOps:
     node_loop: object | None = None  # control.nodes_loop.NodeLoop: states, cordon, drain
     quotas: object | None = None  # store.quotas.QuotaStore
     artifacts: object | None = None  # control.artifacts.ArtifactService (job inputs)
-    queue: Callable[[], list] = field(default=lambda: [])  # last cycle's (workload, reason)
+    queue: Callable[[], list] = field(default=lambda: [])  # last cycle's queue_pages.QueueEntry
     budgets: object | None = None  # control.budgets.BudgetOps: caps at submit, /v1/budgets
+
+    def __post_init__(self) -> None:
+        self._queue_pages = QueuePages(lambda: self.queue(), lambda ids: self.store.get_jobs(ids))
 
     # -- quotas and the queue --------------------------------------------------------
 
@@ -120,31 +124,13 @@ class ApiOps:
         rows = self.quotas.all() if self.quotas is not None else []
         return rows if who.is_admin else [q for q in rows if q.team == who.team]
 
-    def pending_queue(self, who: Principal) -> list[dict]:
-        """Pending workloads in the order the scheduler considered them, with why each waits.
-        Other teams' entries are counted for position but not shown."""
-        out = []
-        jobs = {j.id: j for j in self.store.list_jobs(statuses=[JobStatus.PENDING])}
-        for position, (wid, reason, wait_kind) in enumerate(self.queue(), start=1):
-            job = jobs.get(wid)
-            team = job.team if job else None
-            if job is None or not (who.is_admin or team == who.team):
-                continue
-            out.append(
-                {
-                    "position": position,
-                    "workload": wid,
-                    "kind": "job",
-                    "team": team,
-                    "name": job.name,
-                    "workers": job.spec.workers,
-                    "priority": job.priority,
-                    "submitted_at": job.created_at,
-                    "reason": reason,
-                    "wait_kind": wait_kind.value,
-                }
-            )
-        return out
+    def pending_queue(
+        self, who: Principal, limit: int = DEFAULT_LIMIT, cursor: str | None = None
+    ) -> tuple[list[dict], str | None]:
+        """A page of the pending workloads in the order the scheduler considered them, with
+        why each waits, and the next page's cursor (control.queue_pages). Other teams'
+        entries count for position but are not shown."""
+        return self._queue_pages.page(who, limit, cursor)
 
     # -- nodes ---------------------------------------------------------------------
 

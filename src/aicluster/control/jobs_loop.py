@@ -26,6 +26,7 @@ from aicluster.control.job_envs import EnvProgress
 from aicluster.control.job_io import launch_request, push_outputs, resolve_inputs
 from aicluster.control.logs import LogStore
 from aicluster.control.oplog import decision as log_decision
+from aicluster.control.queue_pages import QueueEntry
 from aicluster.control.recovery import newest_checkpoint, recovery
 from aicluster.control.snapshot import (
     PendingJobs,
@@ -42,7 +43,7 @@ from aicluster.core.lifecycle import (
     failure_is_retryable,
     requeue_cause_of,
 )
-from aicluster.core.model import Admit, Preempt, Wait, WaitKind
+from aicluster.core.model import Admit, Preempt, Wait
 from aicluster.core.nodestate import NodeState
 from aicluster.core.scheduler import DEFAULT_POLICY, get_policy, plan_cycle
 from aicluster.engine.protocol import Engine, LaunchError, NodeInfo
@@ -86,8 +87,8 @@ class Controller:
         self.policy = get_policy(policy)  # one object across cycles: it caches the layout
         self.quotas = quotas  # store.quotas.QuotaStore, or None (no quotas)
         self.limits = limits  # () -> the teams' core.model.TeamLimits (control.budgets)
-        # last cycle: (workload id, why it waits, what kind of wait)
-        self.queue: list[tuple[str, str, WaitKind]] = []
+        # last cycle's waits in order (control.queue_pages): replaced whole, never changed
+        self.queue: list[QueueEntry] = []
         self.artifacts = artifacts  # control.artifacts.ArtifactService: job inputs/outputs
         self.api_url = api_url  # given to workers (with a job token) for runtime.checkpoint
         # artifact -> nodes it was materialised on (their caches likely hold it): a soft
@@ -459,9 +460,11 @@ class Controller:
         by_id = {j.id: j for j in pending}
         queue, waits = [], []
         for decision in plan_cycle(snapshot, self.clock(), self.policy):
-            if isinstance(decision, Wait):
-                queue.append((decision.workload_id, decision.reason, decision.kind))
             job = by_id.get(decision.workload_id)
+            if isinstance(decision, Wait):
+                team = job.team if job is not None else None
+                wid, why = decision.workload_id, decision.reason
+                queue.append(QueueEntry(wid, why, decision.kind, team, job is not None))
             if isinstance(decision, Preempt):
                 self._preempt(decision)
             elif job is None:
