@@ -195,8 +195,9 @@ class TokenUsageStore:
 
 def _add_row(s, r: dict) -> None:
     key = [getattr(TokenUsageRow, k) == r[k] for k in KEY]
-    added = {n: getattr(TokenUsageRow, n) + int(r[n]) for n in TOKEN_SUMS}
+    sums = {n: int(r.get(n, 0)) for n in TOKEN_SUMS}  # a sum a row lacks is 0 (`limited`)
+    added = {n: getattr(TokenUsageRow, n) + sums[n] for n in TOKEN_SUMS}
     res = s.execute(update(TokenUsageRow).where(*key).values(**added))
     if res.rowcount == 0:
-        s.add(TokenUsageRow(**{k: r[k] for k in KEY}, **{n: int(r[n]) for n in TOKEN_SUMS}))
+        s.add(TokenUsageRow(**{k: r[k] for k in KEY}, **sums))
         s.flush()
