@@ -281,6 +281,7 @@ def list_probes(url: str, token: str, pages: int) -> dict[str, list[float]]:
             ),
             "GET /v1/events (100/page)": page_latencies(c, "/v1/events", {}, pages),
             "GET /v1/nodes (100/page)": page_latencies(c, "/v1/nodes", {}, pages),
+            "GET /v1/queue (100/page)": page_latencies(c, "/v1/queue", {}, pages),
             "baseline: GET /v1/jobs 1000/page": page_latencies(
                 c, "/v1/jobs", {"limit": 1000}, max(3, pages // 5)
             ),
@@ -409,6 +410,10 @@ def report(args, source, preload_s, rate, submit_lat, ticks, lists):
     print("\nratios:")
     print(f"  pending read, full / incremental (p50): {pct(full_s, 50) / pct(incr_s, 50):.1f}x")
     print(f"  1000-row page / 100-row page (p50):     {pct(base, 50) / pct(jobs_page, 50):.1f}x")
+    queue_page = lists["GET /v1/queue (100/page)"]
+    print(  # what GET /v1/queue read on every call before it was paged: every pending job
+        f"  full pending read / /v1/queue page (p50): {pct(full_s, 50) / pct(queue_page, 50):.0f}x"
+    )
     print(f"  tick p99 (after the first) / goal 250 ms: {pct(later, 99) * ms / 250:.2f}")
     print(f"  submit rate / goal 1000 jobs/s:         {rate / 1000:.2f}")
     worst = max(pct(v, 99) for k, v in lists.items() if not k.startswith("baseline"))
