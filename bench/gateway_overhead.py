@@ -64,37 +64,47 @@ PROMPT = " ".join(f"word{i % 37}" for i in range(48))
 
 
 @dataclass
+class Loaded:
+    """A loaded phase's sums over its rounds."""
+
+    done: int = 0
+    busy_s: float = 0.0
+    cpu_s: float = 0.0  # the router's CPU seconds
+    lat: list[float] = field(default_factory=list)  # latencies, seconds
+
+    @property
+    def rps(self) -> float:
+        return self.done / self.busy_s if self.busy_s else float("nan")
+
+
+@dataclass
 class Target:
     name: str
     urls: list[str] = field(default_factory=list)  # the client round-robins over these
     headers: dict = field(default_factory=dict)
     why_not: str | None = None
     lat: list[float] = field(default_factory=list)  # unloaded latencies, seconds
-    loaded: list[float] = field(default_factory=list)  # loaded latencies, seconds
-    done: int = 0
-    busy_s: float = 0.0
+    low: Loaded = field(default_factory=Loaded)  # at --concurrency
+    high: Loaded = field(default_factory=Loaded)  # at --high-concurrency
     errors: int = 0
     last_error: str = ""
     sent: int = 0
-    hi_done: int = 0  # the loaded phase at --high-concurrency
-    hi_busy_s: float = 0.0
-    hi_lat: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)  # streaming: time to the first event
     gaps: list[float] = field(default_factory=list)  # streaming: between successive events
     pid: int | None = None  # the router's process (with its children): CPU it spends
-    cpu_s: float = 0.0  # the router's CPU seconds in the loaded phase
 
     @property
     def cpu_us_per_req(self) -> float:
-        return self.cpu_s / self.done * 1e6 if self.done and self.pid else float("nan")
+        low = self.low
+        return low.cpu_s / low.done * 1e6 if low.done and self.pid else float("nan")
 
     @property
     def rps(self) -> float:
-        return self.done / self.busy_s if self.busy_s else float("nan")
+        return self.low.rps
 
     @property
     def hi_rps(self) -> float:
-        return self.hi_done / self.hi_busy_s if self.hi_busy_s else float("nan")
+        return self.high.rps
 
 
 async def one(client: httpx.AsyncClient, t: Target, body: dict) -> float | None:
@@ -121,36 +131,25 @@ async def unloaded(client, t: Target, body: dict, n: int) -> None:
             t.lat.append(dt)
 
 
-async def loaded(clients, t: Target, body: dict, concurrency: int, duration: float) -> None:
-    """`concurrency` workers in a closed loop, each with its own client (`clients[k]`)."""
+async def loaded(
+    clients, t: Target, into: Loaded, body: dict, concurrency: int, duration: float
+) -> None:
+    """`concurrency` workers in a closed loop, each with its own client (`clients[k]`);
+    the figures are added to `into`."""
     stop = time.perf_counter() + duration
-    done = 0
 
     async def worker(client) -> None:
-        nonlocal done
         while time.perf_counter() < stop:
             dt = await one(client, t, body)
             if dt is not None:
-                t.loaded.append(dt)
-                done += 1
+                into.lat.append(dt)
+                into.done += 1
 
     cpu0 = cpu_seconds(t.pid)
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(clients[k]) for k in range(concurrency)))
-    t.busy_s += time.perf_counter() - t0
-    t.cpu_s += cpu_seconds(t.pid) - cpu0
-    t.done += done
-
-
-async def loaded_high(clients, t: Target, body: dict, concurrency: int, duration: float) -> None:
-    """The loaded phase again at a higher concurrency, kept apart."""
-    keep = (t.done, t.busy_s, t.cpu_s, len(t.loaded))
-    await loaded(clients, t, body, concurrency, duration)
-    t.hi_done += t.done - keep[0]
-    t.hi_busy_s += t.busy_s - keep[1]
-    t.hi_lat += t.loaded[keep[3] :]
-    t.done, t.busy_s, t.cpu_s = keep[0], keep[1], keep[2]
-    del t.loaded[keep[3] :]
+    into.busy_s += time.perf_counter() - t0
+    into.cpu_s += cpu_seconds(t.pid) - cpu0
 
 
 async def streamed(clients, t: Target, body: dict, n: int, concurrency: int) -> None:
@@ -224,9 +223,8 @@ async def measure(targets: list[Target], args) -> None:
     }
     try:
         for t in live:  # warm up connections and code paths; not counted
-            await loaded(clients[t.name], t, body, most, 0.5)
-            t.loaded.clear()
-            t.done, t.busy_s, t.errors, t.cpu_s = 0, 0.0, 0, 0.0
+            await loaded(clients[t.name], t, Loaded(), body, most, 0.5)
+            t.errors = 0
         paced = body | {"stream": True, "user": f"bench-pace-{args.stream_pace_ms}"}
         phases = ["unloaded", "loaded"]
         phases += ["high"] * (args.high_concurrency > 0) + ["streaming"] * (args.streams > 0)
@@ -239,9 +237,9 @@ async def measure(targets: list[Target], args) -> None:
                     if phase == "unloaded":
                         await unloaded(c[0], t, body, args.lat_requests)
                     elif phase == "loaded":
-                        await loaded(c, t, body, args.concurrency, args.duration)
+                        await loaded(c, t, t.low, body, args.concurrency, args.duration)
                     elif phase == "high":
-                        await loaded_high(c, t, body, args.high_concurrency, args.duration)
+                        await loaded(c, t, t.high, body, args.high_concurrency, args.duration)
                     else:
                         await streamed(c, t, paced, args.streams, args.stream_concurrency)
                 print(f"  {phase} round {rnd + 1}/{args.rounds} done", file=sys.stderr)
@@ -269,8 +267,8 @@ def report(targets: list[Target], args) -> None:
                 f"{(p99 - b99) * 1e3:+.2f}",
                 f"{t.rps:.0f}",
                 f"{t.rps / base.rps:.2f}",
-                f"{S.pct(t.loaded, 0.5) * 1e3:.1f}",
-                f"{S.pct(t.loaded, 0.99) * 1e3:.1f}",
+                f"{S.pct(t.low.lat, 0.5) * 1e3:.1f}",
+                f"{S.pct(t.low.lat, 0.99) * 1e3:.1f}",
                 "-" if t.pid is None else f"{t.cpu_us_per_req:.0f}",
                 str(t.errors),
             ]
@@ -323,7 +321,7 @@ def report_more(targets: list[Target], args) -> None:
                 t.name,
                 f"{t.hi_rps:.0f}",
                 f"{t.hi_rps / base.hi_rps:.2f}",
-                f"{S.pct(t.hi_lat, 0.99) * 1e3:.1f}",
+                f"{S.pct(t.high.lat, 0.99) * 1e3:.1f}",
                 f"{S.pct(t.ttft, 0.5) * 1e3:.2f}",
                 f"{S.pct(t.gaps, 0.5) * 1e3:.2f}",
                 f"{S.pct(t.gaps, 0.99) * 1e3:.2f}",
@@ -368,7 +366,7 @@ def goals(targets: list[Target], args) -> None:
     # request says what each would serve on a core of its own.
     print("requests a router serves per second of its own CPU (1e6 / router CPU us/req):")
     for t in live:
-        if t.pid is not None and t.done:
+        if t.pid is not None and t.low.done:
             print(f"  {t.name}: {1e6 / t.cpu_us_per_req:.0f}")
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from aicluster.runtime.sandbox import node_can_sandbox
 
-from harness import wait_for
+from harness import marked_processes, wait_for
 
 pytestmark = pytest.mark.skipif(
     not node_can_sandbox(), reason="sandboxing needs root, bubblewrap and setpriv on this machine"
@@ -45,21 +45,17 @@ WORKER = textwrap.dedent(
 
 
 def _marked(mark: str) -> dict[int, int]:
-    """pid -> uid of the live (not zombie) processes whose command line has `mark`."""
+    """pid -> uid of the live processes whose command line has `mark`, but the worker's and
+    bubblewrap's (their argv names the command)."""
     out = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
+    for pid in marked_processes(mark):
         try:
-            cmdline = (d / "cmdline").read_bytes()
-            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            uid = d.stat().st_uid
-        except (FileNotFoundError, ProcessLookupError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            uid = os.stat(f"/proc/{pid}").st_uid
+        except FileNotFoundError:
             continue
-        if mark.encode() in cmdline and state != "Z" and b"bwrap" not in cmdline:
-            if b"runtime.sandbox" in cmdline:  # the worker itself: its argv names the command
-                continue
-            out[int(d.name)] = uid
+        if b"bwrap" not in cmdline and b"runtime.sandbox" not in cmdline:
+            out[pid] = uid
     return out
 
 

@@ -25,12 +25,16 @@ def token_json(t: TokenInfo, now: float) -> dict:
 class TokenOps:
     store: Store
 
-    def list(self, who: Principal, user: str | None, everyone: bool) -> list[dict]:
+    def _shown(self, who: Principal, user: str | None, everyone: bool) -> str | None:
+        """Whose tokens `who` lists (None: everyone's), or why not."""
         if (everyone or user not in (None, who.user)) and not who.is_admin:
             raise ForbiddenError("only admins list another user's tokens")
         if user is not None and self.store.get_user(user) is None:
             raise NotFoundError(f"user {user!r} not found")
-        shown = None if everyone else (user or who.user)
+        return None if everyone else (user or who.user)
+
+    def list(self, who: Principal, user: str | None, everyone: bool) -> list[dict]:
+        shown = self._shown(who, user, everyone)
         now = self.store.clock()
         return [token_json(t, now) for t in self.store.list_tokens(shown)]
 
@@ -38,11 +42,7 @@ class TokenOps:
         self, who: Principal, user: str | None, everyone: bool, limit: int, cursor: str | None
     ) -> tuple[list[dict], str | None]:
         """A page of `list` (oldest first) and the next page's cursor (store.cursors)."""
-        if (everyone or user not in (None, who.user)) and not who.is_admin:
-            raise ForbiddenError("only admins list another user's tokens")
-        if user is not None and self.store.get_user(user) is None:
-            raise NotFoundError(f"user {user!r} not found")
-        shown = None if everyone else (user or who.user)
+        shown = self._shown(who, user, everyone)
         now = self.store.clock()
         tokens, more = self.store.page_tokens(shown, limit, cursor)
         return [token_json(t, now) for t in tokens], more

@@ -21,9 +21,9 @@ from __future__ import annotations
 import asyncio
 
 from aicluster.gateway.proxy import ROUTES, Gateway
+from aicluster.gateway.streams import answer_headers
 from aicluster.gateway.upstream import ReplicaError
 
-PASSED_HEADERS = ("content-type", "content-encoding", "cache-control", "x-request-id")
 _PATHS = {f"/v1/{p}": p for p in ROUTES}
 
 
@@ -50,11 +50,8 @@ class FastPath:
         try:
             head = [
                 (k.encode("latin-1"), v.encode("latin-1"))
-                for k, v in upstream.headers.items()
-                if k in PASSED_HEADERS
+                for k, v in answer_headers(opened).items()
             ]
-            if opened.cold_start_ms is not None:
-                head.append((b"x-aicluster-cold-start-ms", b"%.0f" % opened.cold_start_ms))
             await send(
                 {"type": "http.response.start", "status": upstream.status_code, "headers": head}
             )

@@ -41,12 +41,14 @@ import collections
 import contextlib
 import logging
 import time
+from http import HTTPStatus
 from urllib.parse import unquote
 
 import httptools
 
 from aicluster.gateway import errors
 from aicluster.gateway.proxy import MAX_BODY_BYTES, ROUTES, Gateway
+from aicluster.gateway.streams import answer_headers
 from aicluster.gateway.upstream import ReplicaError
 
 log = logging.getLogger("aicluster.gateway")
@@ -55,19 +57,8 @@ MAX_PIPELINED = 16
 KEEP_ALIVE_S = 30.0
 DRAIN_S = 10.0
 WHOLE_BYTES = 64 * 1024  # a non-streamed answer up to this long is written in one piece
-PASSED_HEADERS = ("content-type", "content-encoding", "cache-control", "x-request-id")
 _HOT = {f"/v1/{p}".encode(): p for p in ROUTES}
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    404: "Not Found",
-    413: "Content Too Large",
-    429: "Too Many Requests",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 
 
 class _Request:
@@ -243,7 +234,7 @@ class _Conn(asyncio.Protocol):
 
 def head_of(status: int, headers, *, close: bool = False, extra: bytes = b"") -> bytes:
     """A response head: status line, the headers (pairs of bytes), `extra` header lines."""
-    parts = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, "").encode())]
+    parts = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))]
     parts += [b"%s: %s\r\n" % (k, v) for k, v in headers]
     if close:
         parts.append(b"connection: close\r\n")
@@ -326,9 +317,7 @@ class LeanServer:
     async def _relay(self, conn: _Conn, req: _Request, opened, observe) -> None:
         up = opened.upstream
         headers = [
-            (k.encode("latin-1"), v.encode("latin-1"))
-            for k, v in up.headers.items()
-            if k in PASSED_HEADERS
+            (k.encode("latin-1"), v.encode("latin-1")) for k, v in answer_headers(opened).items()
         ]
         length = up.headers.get("content-length")
         if length is not None and not length.isdigit():
@@ -336,8 +325,6 @@ class LeanServer:
         streamed = "text/event-stream" in up.headers.get("content-type", "")
         chunked = length is None or "chunked" in up.headers.get("transfer-encoding", "").lower()
         extra = b""
-        if opened.cold_start_ms is not None:
-            extra += b"x-aicluster-cold-start-ms: %.0f\r\n" % opened.cold_start_ms
         if not chunked:
             extra += b"content-length: %s\r\n" % length.encode("latin-1")
         elif req.version == "1.1":

@@ -41,6 +41,18 @@ class Opened:
             self.on_done()
 
 
+PASSED_HEADERS = ("content-type", "content-encoding", "cache-control", "x-request-id")
+
+
+def answer_headers(opened: Opened) -> dict[str, str]:
+    """The headers the client gets with a replica's answer: a few of the replica's, and
+    how long a cold start held the request (when it was held)."""
+    keep = {k: v for k, v in opened.upstream.headers.items() if k.lower() in PASSED_HEADERS}
+    if opened.cold_start_ms is not None:
+        keep["x-aicluster-cold-start-ms"] = f"{opened.cold_start_ms:.0f}"
+    return keep
+
+
 async def read_bounded(request: Request, limit: int) -> bytes | None:
     """The body, or None when it is longer than `limit` (read no further than that)."""
     declared = request.headers.get("content-length", "")
@@ -96,16 +108,9 @@ def passthrough(
                 observe(chunk)
             yield chunk
 
-    keep = {
-        k: v
-        for k, v in upstream.headers.items()
-        if k.lower() in ("content-type", "content-encoding", "cache-control", "x-request-id")
-    }
-    if opened.cold_start_ms is not None:
-        keep["x-aicluster-cold-start-ms"] = f"{opened.cold_start_ms:.0f}"
     return ProxiedStream(
         body(),
         status_code=upstream.status_code,
-        headers=keep,
+        headers=answer_headers(opened),
         background=BackgroundTask(opened.close),
     )
