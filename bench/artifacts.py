@@ -324,8 +324,8 @@ def main() -> None:
                 name = "bench/many" if many else "bench/one"
                 res = run_case(tmp, url, token, size, many, name, storage)
                 for step, secs in res.items():
-                    base = next((b for b in BASELINE.get(step, ()) if b in res), None)
-                    rows.append((backend, layout, step, secs, base, res.get(base)))
+                    against = next((b for b in BASELINE.get(step, ()) if b in res), None)
+                    rows.append((backend, layout, step, secs, against, res.get(against)))
                 print_table(rows, size)
             if args.checkpoints and backend == "local":
                 print_checkpoints(run_checkpoints(tmp, url, token))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -89,6 +90,7 @@ def main() -> None:
         cp.terminate()
         cp.wait(timeout=30)
         kill_installation(home)
+        shutil.rmtree(home, ignore_errors=True)
     report(ours, theirs)
 
 

@@ -18,7 +18,10 @@ from aicluster.core.health import (
 )
 from aicluster.core.nodestate import NODE_TRANSITIONS, NodeState, check_node_transition, next_state
 
-CALM = HostSample(cpus=8, load_1m=1.0, memory_used_pct=40.0, disk_free_pct=50.0)
+GB = 10**9
+CALM = HostSample(
+    cpus=8, load_1m=1.0, memory_used_pct=40.0, disk_free_bytes=50 * GB, disk_total_bytes=100 * GB
+)
 # Readings as NVML reports them on an 8-GPU H100 node (temperatures in C, utilisation in %).
 H100_OK = tuple(GpuReading(i, "NVIDIA H100 80GB HBM3", 41.0 + i, 0.0) for i in range(8))
 
@@ -69,7 +72,9 @@ def test_missing_gpu_fails_the_count():
 
 
 def test_host_pressure_and_admin_commands():
-    full = HostSample(cpus=2, load_1m=30.0, memory_used_pct=99.0, disk_free_pct=1.0)
+    full = HostSample(
+        cpus=2, load_1m=30.0, memory_used_pct=99.0, disk_free_bytes=GB, disk_total_bytes=100 * GB
+    )
     report = evaluate(full, GpuSample(False), 0, [], Thresholds())
     assert {"memory", "disk", "cpu"} <= {c.name for c in report.checks if c.status == FAIL}
     cmds = [
@@ -81,6 +86,26 @@ def test_host_pressure_and_admin_commands():
     s = statuses(report.checks)
     assert s["cmd:ib"] == FAIL and s["cmd:nfs"] == FAIL and s["cmd:ok"] == OK
     assert "port down" in report.reason and "timed out" in report.reason
+
+
+@pytest.mark.parametrize(
+    "free, total, status",
+    [
+        (4.8 * GB, 252 * GB, OK),  # a large shared volume at 1.9%: gigabytes to spare
+        (1 * GB, 252 * GB, FAIL),  # under 3% and under 2 GiB
+        (1 * GB, 20 * GB, OK),  # a small disk at 5%
+        (0.5 * GB, 20 * GB, FAIL),  # ... at 2.5% and half a gigabyte
+        (100 * GB, 10_000 * GB, OK),  # 1% of 10 TB
+    ],
+)
+def test_a_disk_is_full_when_short_on_both_percent_and_bytes(free, total, status):
+    sample = HostSample(
+        cpus=8, load_1m=1.0, memory_used_pct=40.0, disk_free_bytes=int(free), disk_total_bytes=total
+    )
+    report = evaluate(sample, GpuSample(False), 0, [])
+    disk = next(c for c in report.checks if c.name == "disk")
+    assert disk.status == status
+    assert f"{free / (1 << 30):.1f} GiB free" in disk.message
 
 
 def test_node_state_rules():

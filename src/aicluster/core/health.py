@@ -20,10 +20,20 @@ class CheckResult:
     message: str = ""
 
 
+GiB = 1 << 30
+
+
 @dataclass(frozen=True)
 class Thresholds:
+    """A disk is full when it is short on both counts: under `min_disk_free_pct` of its
+    size *and* under `min_disk_free_bytes`. A percentage alone calls a large shared volume
+    with gigabytes to spare full (a 252 GB disk with 4.8 GB free is at 1.9%, and such a
+    node refused every service replica); bytes alone call a small disk fine when it is at
+    its last few percent."""
+
     max_memory_used_pct: float = 97.0
     min_disk_free_pct: float = 3.0
+    min_disk_free_bytes: int = 2 * GiB
     max_load_per_cpu: float = 8.0
     max_gpu_temp_c: float = 90.0
     stuck_util_pct: float = 99.0
@@ -34,7 +44,14 @@ class HostSample:
     cpus: int
     load_1m: float
     memory_used_pct: float
-    disk_free_pct: float
+    disk_free_bytes: int
+    disk_total_bytes: int
+
+    @property
+    def disk_free_pct(self) -> float:
+        if self.disk_total_bytes <= 0:
+            return 100.0
+        return 100.0 * self.disk_free_bytes / self.disk_total_bytes
 
 
 @dataclass(frozen=True)
@@ -82,8 +99,9 @@ def check_host(s: HostSample, t: Thresholds = Thresholds()) -> list[CheckResult]
     out = []
     mem = FAIL if s.memory_used_pct > t.max_memory_used_pct else OK
     out.append(CheckResult("memory", mem, f"{s.memory_used_pct:.0f}% used"))
-    disk = FAIL if s.disk_free_pct < t.min_disk_free_pct else OK
-    out.append(CheckResult("disk", disk, f"{s.disk_free_pct:.1f}% free"))
+    short = s.disk_free_pct < t.min_disk_free_pct and s.disk_free_bytes < t.min_disk_free_bytes
+    free = f"{s.disk_free_bytes / GiB:.1f} GiB free ({s.disk_free_pct:.1f}%)"
+    out.append(CheckResult("disk", FAIL if short else OK, free))
     per_cpu = s.load_1m / max(1, s.cpus)
     load = FAIL if per_cpu > t.max_load_per_cpu else OK
     out.append(CheckResult("cpu", load, f"load {s.load_1m:.1f} on {s.cpus} CPUs"))

@@ -19,7 +19,8 @@ def sample_host(path: str = "/") -> HostSample:
         cpus=os.cpu_count() or 1,
         load_1m=os.getloadavg()[0],
         memory_used_pct=psutil.virtual_memory().percent,
-        disk_free_pct=100.0 * disk.free / disk.total if disk.total else 100.0,
+        disk_free_bytes=disk.free,
+        disk_total_bytes=disk.total,
     )
 
 
