@@ -6,6 +6,7 @@ figure is never the product of a hidden constant.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 HOURS_PER_MONTH = 730.0  # 8760 h / 12
@@ -33,17 +34,25 @@ class Assumptions:
     """Fraction of NVLink (or PCIe) per-direction bandwidth a tensor-parallel all-reduce
     reaches (assumption, as `network_efficiency`)."""
     allreduce_latency_us: float = 22.0
-    """Fixed cost (alpha) of one tensor-parallel all-reduce, microseconds: fitted to NVIDIA's
-    NeMo Llama 2 7B latencies on H100 at TP 1/2/4/8 (batch 1, 128 in / 20 out: 153.8,
-    128.6, 107.4, 97.6 ms; docs.nvidia.com/nemo-framework/user-guide/latest/performance/
-    llama.html): what TP 2, 4 and 8 save per step against the halved weight read gives
-    19.5, 22.5 and 24.7 us per all-reduce (64 per step); 22 is their mean."""
-    step_overhead_per_layer_us: float = 17.0
+    """Fixed cost (alpha) of one tensor-parallel all-reduce among 4 GPUs, microseconds;
+    `allreduce_latency_per_doubling_us` more for each doubling of the ranks (less for 2).
+    Fitted to NVIDIA's NeMo Llama 2 7B latencies on H100 at TP 1/2/4/8 (batch 1, 128 in / 20
+    out: 153.8, 128.6, 107.4, 97.6 ms; docs.nvidia.com/nemo-framework/user-guide/latest/
+    performance/llama.html): what TP 2, 4 and 8 save per step against the halved weight read
+    gives 19.6, 22.7 and 24.9 us per all-reduce (64 per step)."""
+    allreduce_latency_per_doubling_us: float = 2.6
+    """What each doubling of an all-reduce's ranks adds to its alpha, microseconds. Small
+    all-reduces are latency-bound and tree / recursive-doubling algorithms take log2(t)
+    rounds (Thakur, Rabenseifner & Gropp 2005, "Optimization of collective communication
+    operations in MPICH", IJHPCA 19(1); NCCL's tree all-reduce), so alpha(t) = alpha(4) +
+    this x (log2 t - 2): 19.4, 22.0, 24.6 us at t = 2, 4, 8, the NeMo sweep's 19.6, 22.7,
+    24.9 within 1 us (one alpha for all t was 12% off at TP 2)."""
+    step_overhead_per_layer_us: float = 21.9
     """Fixed cost of a forward step per layer (kernel launches, synchronisation),
     microseconds: fitted to NVIDIA NIM's Llama 3.3 70B fp8 TP2 on 2 x H100 at concurrency 1
     (5000 in / 500 out, ITL 18.58 ms; docs.nvidia.com/nim/benchmarking/llm/1.0.0/performance)
-    once the weight read (13.56 ms), the KV read and 160 all-reduces (3.52 ms) are charged:
-    1.34 ms / 80 layers."""
+    once the weight read (13.56 ms), the KV read and 160 all-reduces at TP 2's alpha
+    (3.11 ms) are charged: 1.75 ms / 80 layers."""
     gpu_memory_utilization: float = 0.90
     """Share of GPU memory an inference engine may use: vLLM's default
     `gpu_memory_utilization=0.9` (vLLM engine arguments documentation)."""
@@ -75,6 +84,16 @@ class Assumptions:
     """Months over which hardware is written off (assumption: 3-year depreciation)."""
     checkpoint_interval_minutes: float = 60.0
     """Time between training checkpoints (assumption)."""
+
+    def collective_latency_s(self, ranks: int) -> float:
+        """alpha of one collective among `ranks` GPUs, seconds (0 for one GPU):
+        allreduce_latency_us + allreduce_latency_per_doubling_us x (log2(ranks) - 2)."""
+        if ranks <= 1:
+            return 0.0
+        us = self.allreduce_latency_us + self.allreduce_latency_per_doubling_us * (
+            math.log2(ranks) - 2
+        )
+        return max(0.0, us) * 1e-6
 
     def as_dict(self) -> dict:
         return asdict(self)

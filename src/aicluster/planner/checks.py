@@ -5,7 +5,9 @@ every field they involve and say which values are defaults.
 Errors (the plan is refused): `context_length` under prompt + output tokens or over the
 model's `max_context`; `tensor_parallel` that does not split the attention and KV heads
 evenly (vLLM and Megatron-LM shard heads over tensor-parallel ranks); `pipeline_parallel`
-over the layer count; a fixed `gpus` that is not a multiple of tensor x pipeline parallel;
+over the layer count; a fixed `gpus` that is not a multiple of tensor x pipeline x context x
+expert parallel; `context_parallel` that does not cut the sequence into 2·cp equal chunks;
+`expert_parallel` on a dense model or one that does not divide the experts;
 `params` no bigger than the embeddings alone; a global batch under one sequence.
 
 Warnings (the plan is made, the report lists them): training longer than `max_context`,
@@ -16,6 +18,7 @@ what published runs reach, the older field name `kv_precision`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from aicluster.planner.hardware import ModelShape, NodeShape
@@ -130,17 +133,23 @@ def train_findings(
     w: TrainWorkload, where: str, m: ModelShape, node: NodeShape, model_where: str
 ) -> tuple[list[Finding], list[Finding]]:
     errors, warnings = parallel_findings(w, where, m, node)
-    tp, pp = w.tensor_parallel or 1, w.pipeline_parallel or 1
-    if w.gpus and (w.tensor_parallel or w.pipeline_parallel) and w.gpus % (tp * pp):
-        parts = [f"tensor_parallel {tp}"] if w.tensor_parallel else []
-        parts += [f"pipeline_parallel {pp}"] if w.pipeline_parallel else []
-        group = " x ".join(parts) + (f" = {tp * pp}" if len(parts) > 1 else "")
-        lower = max(tp * pp, w.gpus // (tp * pp) * tp * pp)
+    errors += context_expert_findings(w, where, m, model_where)
+    sizes = {
+        "tensor_parallel": w.tensor_parallel,
+        "pipeline_parallel": w.pipeline_parallel,
+        "context_parallel": w.context_parallel,
+        "expert_parallel": w.expert_parallel,
+    }
+    parts = [f"{name} {v}" for name, v in sizes.items() if v]
+    group = math.prod(v for v in sizes.values() if v)
+    if w.gpus and parts and w.gpus % group:
+        shown = " x ".join(parts) + (f" = {group}" if len(parts) > 1 else "")
+        lower = max(group, w.gpus // group * group)
         errors.append(
             (
                 f"{where}.gpus",
-                f"gpus {w.gpus} is not a multiple of {group}: each data-parallel replica "
-                f"takes {tp * pp} GPUs; use gpus {lower} or {lower + tp * pp}",
+                f"gpus {w.gpus} is not a multiple of {shown}: each data-parallel replica "
+                f"takes {group} GPUs; use gpus {lower} or {lower + group}",
             )
         )
     seq = w.sequence_length
@@ -172,6 +181,47 @@ def train_findings(
             )
         )
     return errors, warnings
+
+
+def context_expert_findings(
+    w: TrainWorkload, where: str, m: ModelShape, model_where: str
+) -> list[Finding]:
+    """context_parallel against the sequence, expert_parallel against the experts."""
+    errors: list[Finding] = []
+    cp, ep = w.context_parallel, w.expert_parallel
+    if cp and cp > 1 and w.sequence_length % (2 * cp):
+        seq = w.sequence_length
+        lower = max(2 * cp, seq // (2 * cp) * 2 * cp)
+        fits = [str(c) for c in (1, 2, 4, 8, 16, 32, 64) if c == 1 or seq % (2 * c) == 0]
+        errors.append(
+            (
+                f"{where}.context_parallel",
+                f"{given(w, 'sequence_length')} is not a multiple of 2 x context_parallel "
+                f"{cp} = {2 * cp}: context parallelism cuts each sequence into 2 x "
+                "context_parallel equal chunks, two per rank, to balance the causal mask "
+                f"(Megatron-LM); use sequence_length {lower} or {lower + 2 * cp}, or "
+                f"context_parallel one of {', '.join(fits)}",
+            )
+        )
+    if ep and ep > 1 and not m.is_moe:
+        errors.append(
+            (
+                f"{where}.expert_parallel",
+                f"expert_parallel {ep} needs a mixture-of-experts model: {m.name} has no "
+                f"experts ({model_where}.experts is {m.experts}); leave expert_parallel unset",
+            )
+        )
+    elif ep and m.is_moe and m.experts % ep:
+        fits = ", ".join(str(e) for e in range(1, m.experts + 1) if m.experts % e == 0)
+        errors.append(
+            (
+                f"{where}.expert_parallel",
+                f"expert_parallel {ep} does not divide the {m.experts} experts of {m.name} "
+                f"({model_where}.experts): every rank holds experts / expert_parallel of "
+                f"them; use one of {fits}",
+            )
+        )
+    return errors
 
 
 def model_findings(m: ModelShape, model_where: str) -> tuple[list[Finding], list[Finding]]:

@@ -114,8 +114,21 @@ class ModelShape:
     """A decoder-only transformer (Llama/GPT family), optionally mixture-of-experts.
 
     `params`, when given, overrides the count computed from the shape (for models
-    whose layers the shape cannot describe). `experts` > 1 means each layer has
-    `experts` MLPs of `intermediate_size` of which `active_experts` run per token.
+    whose layers the shape cannot describe). `experts` > 1 means each MoE layer has
+    `experts` routed MLPs of `moe_intermediate_size` (default `intermediate_size`, the
+    Mixtral convention) of which `active_experts` run per token, plus `shared_experts`
+    that every token runs (DeepSeek-V3: 256 routed, 8 active, 1 shared); the first
+    `dense_layers` layers have a dense MLP of `intermediate_size` instead
+    (DeepSeek-V3's first_k_dense_replace = 3).
+
+    Attention: `sliding_window` with `sliding_window_pattern` p > 1 means every p-th layer
+    attends globally and the others locally (Gemma 2: p = 2; Gemma 3: p = 6, the
+    `sliding_window_pattern` of its config.json); without p every layer uses the window
+    (Mistral 7B v0.1). `kv_lora_rank` marks multi-head latent attention (MLA, DeepSeek-V2
+    arXiv:2405.04434 Sec. 2.1; V3): keys and values come from one cached latent of
+    `kv_lora_rank` plus a shared RoPE key of `qk_rope_head_dim`, queries optionally through
+    a `q_lora_rank` bottleneck; heads have `qk_nope_head_dim` + `qk_rope_head_dim` for
+    scores and `v_head_dim` for values.
     """
 
     key: str
@@ -130,12 +143,21 @@ class ModelShape:
     gated_mlp: bool = True
     experts: int = 1
     active_experts: int = 1
+    shared_experts: int = 0
+    moe_intermediate_size: int | None = None
+    dense_layers: int = 0
     tied_embeddings: bool = False
     max_context: int | None = None
     sliding_window: int | None = None  # attention window (Mistral 7B v0.1: 4096); None: full
+    sliding_window_pattern: int | None = None  # every p-th layer global (Gemma 2: 2, Gemma 3: 6)
+    kv_lora_rank: int | None = None  # MLA latent (DeepSeek-V3: 512)
+    q_lora_rank: int | None = None  # MLA query bottleneck (DeepSeek-V3: 1536)
+    qk_rope_head_dim: int | None = None  # MLA decoupled RoPE key/query dims (DeepSeek-V3: 64)
+    qk_nope_head_dim: int | None = None  # MLA per-head score dims without RoPE (V3: 128)
+    v_head_dim: int | None = None  # MLA per-head value dims (V3: 128)
     params: float | None = None
     published_params: float | None = None
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def n_kv_heads(self) -> int:
@@ -150,6 +172,64 @@ class ModelShape:
         if self.intermediate_size:
             return self.intermediate_size
         return 4 * self.hidden_size
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 1
+
+    @property
+    def expert_d_ff(self) -> int:
+        """Intermediate size of one expert (routed or shared)."""
+        return self.moe_intermediate_size or self.d_ff
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with routed experts (all but the leading dense ones); 0 for a dense model."""
+        return max(0, self.layers - self.dense_layers) if self.is_moe else 0
+
+    @property
+    def mla(self) -> bool:
+        return bool(self.kv_lora_rank)
+
+    @property
+    def rope_dim(self) -> int:
+        return self.qk_rope_head_dim or 0
+
+    @property
+    def qk_dim(self) -> int:
+        """Per-head width of queries and keys (MLA: no-RoPE + RoPE parts)."""
+        if self.mla:
+            return (self.qk_nope_head_dim or self.d_head) + self.rope_dim
+        return self.d_head
+
+    @property
+    def v_dim(self) -> int:
+        """Per-head width of values."""
+        return (self.v_head_dim or self.d_head) if self.mla else self.d_head
+
+    def attention_width(self, absorbed: bool = False) -> float:
+        """heads x (score width + value width) / 2: the `H·Q` of the attention FLOPs (PaLM
+        App. B's 12·L·H·Q·T for Q = K = V widths). MLA with the up-projections absorbed (how
+        decoding runs it: DeepSeek-V2 Sec. 2.1.2, FlashMLA) scores against the
+        kv_lora_rank + rope latent and mixes values in kv_lora_rank dims."""
+        if self.mla and absorbed:
+            return self.attention_heads * (2 * (self.kv_lora_rank or 0) + self.rope_dim) / 2
+        return self.attention_heads * (self.qk_dim + self.v_dim) / 2
+
+    def kv_shards(self, tp: int) -> int:
+        """Tensor-parallel ranks the KV cache is split over: the KV heads (each replicated
+        once tp exceeds them); MLA's latent has no heads, so every rank keeps all of it
+        (why vLLM and SGLang serve DeepSeek with data-parallel attention)."""
+        return 1 if self.mla else min(tp, self.n_kv_heads)
+
+    @property
+    def global_layers(self) -> int:
+        """Layers that attend to the whole context (the rest use the sliding window)."""
+        if not self.sliding_window:
+            return self.layers
+        if self.sliding_window_pattern and self.sliding_window_pattern > 1:
+            return self.layers // self.sliding_window_pattern
+        return 0
 
     def splits_heads(self, tp: int) -> bool:
         """Whether tensor parallelism `tp` splits the heads evenly, as vLLM and Megatron-LM

@@ -13,10 +13,12 @@ Inference", arXiv:2211.05102, Sec. 2-3):
   its time is the larger of bytes / (bandwidth) and FLOPs / (peak FLOP/s);
 - every forward step pays a fixed cost per layer (`step_overhead_per_layer_us`) and,
   with tensor parallelism t, 2 all-reduces per layer of alpha + beta·bytes (alpha =
-  `allreduce_latency_us`, beta over NVLink x `nvlink_efficiency`);
+  `allreduce_latency_us` at t = 4, `allreduce_latency_per_doubling_us` more per doubling;
+  beta over NVLink x `nvlink_efficiency`);
 - a prefill of P tokens is the same forward pass over P tokens: compute-bound;
-- under load each step also carries B/O prefills (`loaded_tpot_s`), so TPOT at batch B is
-  step(B) + ((B-1)/O)·prefill(P); a replica serves B / (ttft + O · TPOT) requests/s.
+- under load (B-1)/O of the steps also carry a prompt's prefill (`loaded_tpot_s`); such a
+  step reads the weights once for both (`mixed_step_s`), so TPOT at batch B is
+  step(B) + ((B-1)/O)·(mixed(B, P) - step(B)); a replica serves B / (ttft + O · TPOT) requests/s.
 Units: seconds, bytes, FLOPs. Calibration: the per-layer and all-reduce fixed costs are
 fitted to one NVIDIA NIM point and the NeMo TP sweep (see `Assumptions`); tests check the
 other published points (tests/unit/test_planner_latency.py).
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from aicluster.planner.assumptions import Assumptions
 from aicluster.planner.hardware import GIB, Gpu, ModelShape
 from aicluster.planner.memory import (
-    active_weight_bytes,
+    bytes_per_param,
     kv_bytes_per_token,
     kv_tokens,
     param_counts,
@@ -117,35 +119,37 @@ def _tp_candidates(m: ModelShape, gpus_per_node: int) -> list[int]:
 def weights_read_per_step(m: ModelShape, precision: str, batch: int) -> float:
     """Bytes of weights a decode step of `batch` sequences reads.
 
-    Dense: all of them. MoE with E experts, k active, uniform routing (assumption): a layer's
-    expert is untouched by all B tokens with probability (1 - k/E)^B, so the step reads
-    shared weights + expert weights x (1 - (1 - k/E)^B).
+    Dense: all of them. MoE with E routed experts, k active, uniform routing (assumption): a
+    layer's expert is untouched by all B tokens with probability (1 - k/E)^B, so the step
+    reads the rest (attention, shared experts, dense layers, embeddings) + routed expert
+    weights x (1 - (1 - k/E)^B).
     """
     total = weight_bytes(m, precision)
-    if m.experts <= 1:
+    if not m.is_moe:
         return total
-    active = active_weight_bytes(m, precision)
-    per_expert = (total - active) / (m.experts - m.active_experts)
-    shared = total - per_expert * m.experts
+    routed = param_counts(m).routed * bytes_per_param(precision)
     touched = 1 - (1 - m.active_experts / m.experts) ** max(1, batch)
-    return shared + per_expert * m.experts * touched
+    return total - routed + routed * touched
 
 
-def forward_flops_per_token(m: ModelShape, context: float) -> float:
-    """2·N_active + 2·L·n_ctx·d_attn (Kaplan et al. 2020, Table 1); with a sliding window
-    a token attends to at most the window."""
+def forward_flops_per_token(m: ModelShape, context: float, absorbed: bool = False) -> float:
+    """2·N_active + 2·L·n_ctx·d_attn (Kaplan et al. 2020, Table 1), d_attn the model's
+    attention width (`ModelShape.attention_width`; MLA decoding with the absorbed
+    up-projections when `absorbed`); a sliding-window layer attends to at most the window."""
     n_active = param_counts(m).active
-    return 2 * n_active + 2 * m.layers * kv_tokens(m, context) * m.attention_heads * m.d_head
+    width = m.attention_width(absorbed)
+    return 2 * n_active + 2 * m.layers * kv_tokens(m, context) * width
 
 
 def _tp_comm_s(m: ModelShape, gpu: Gpu, a: Assumptions, tp: int, tokens: float) -> float:
     """Two all-reduces of tokens·h·2 bytes per layer (Megatron-LM TP, Shoeybi et al. 2019,
-    Sec. 3), each alpha + beta·bytes: alpha = `allreduce_latency_us`, beta the ring cost
-    2(t-1)/t over NVLink (per direction = half the total) or PCIe x `nvlink_efficiency`."""
+    Sec. 3), each alpha + beta·bytes: alpha = `Assumptions.collective_latency_s(tp)` (grows
+    with log2 tp), beta the ring cost 2(t-1)/t over NVLink (per direction = half the total)
+    or PCIe x `nvlink_efficiency`."""
     if tp <= 1:
         return 0.0
     link = (gpu.nvlink_gb_s / 2 if gpu.nvlink_gb_s else gpu.pcie_gb_s) * 1e9 * a.nvlink_efficiency
-    per_call = a.allreduce_latency_us * 1e-6 + 2 * (tp - 1) / tp * tokens * m.hidden_size * 2 / link
+    per_call = a.collective_latency_s(tp) + 2 * (tp - 1) / tp * tokens * m.hidden_size * 2 / link
     return 2 * m.layers * per_call
 
 
@@ -165,7 +169,7 @@ def decode_step_s(
     kv = batch * kv_tokens(r.model, context) * kv_bytes_per_token(r.model, r.kv_precision)
     bytes_read = weights_read_per_step(r.model, r.precision, batch) + kv
     mem_s = bytes_read / (tp * r.gpu.memory_bandwidth_gb_s * 1e9 * a.bandwidth_efficiency)
-    flops = batch * forward_flops_per_token(r.model, context)
+    flops = batch * forward_flops_per_token(r.model, context, absorbed=True)
     peak = r.gpu.peak_flops(r.precision) * tp * a.prefill_efficiency
     return (
         _step_overhead_s(r.model, a)
@@ -188,14 +192,37 @@ def prefill_s(r: ServeRequest, a: Assumptions, tp: int) -> float:
     )
 
 
+def mixed_step_s(r: ServeRequest, a: Assumptions, tp: int, batch: int) -> float:
+    """One forward step that carries a whole prompt's prefill with the decode of `batch`
+    sequences, as in-flight batching (TensorRT-LLM) and chunked prefill (Agrawal et al.
+    2024, Sarathi-Serve, OSDI: decodes piggyback on prefill chunks) schedule them: one fixed
+    per-layer cost, one read of the weights and the batch's KV cache that the prefill's
+    compute hides, the FLOPs of both, and all-reduces of batch + P tokens with one alpha each."""
+    m, p = r.model, r.prompt_tokens
+    context = r.prompt_tokens + r.output_tokens / 2
+    kv = batch * kv_tokens(m, context) * kv_bytes_per_token(m, r.kv_precision)
+    bytes_read = weights_read_per_step(m, r.precision, max(batch, p)) + kv
+    mem_s = bytes_read / (tp * r.gpu.memory_bandwidth_gb_s * 1e9 * a.bandwidth_efficiency)
+    flops = batch * forward_flops_per_token(m, context, absorbed=True)
+    flops += p * forward_flops_per_token(m, p / 2)
+    compute = flops / (r.gpu.peak_flops(r.precision) * tp * a.prefill_efficiency)
+    return _step_overhead_s(m, a) + max(mem_s, compute) + _tp_comm_s(m, r.gpu, a, tp, batch + p)
+
+
 def loaded_tpot_s(r: ServeRequest, a: Assumptions, tp: int, batch: int) -> float:
     """Time between a sequence's tokens with `batch` sequences in flight, in steady state:
-    the decode step plus the other sequences' prefills that interleave with it. While one
-    sequence makes O tokens, each of the other B - 1 in flight is replaced once, so
-    (B - 1)/O prefills fall in each step (continuous batching, Yu et al. 2022, Orca, OSDI; chunked prefill spreads
-    them but the GPU time is the same)."""
+    the decode step, plus the other sequences' prefills that interleave with it. While one
+    sequence makes O tokens, each of the other B - 1 in flight is replaced once, so a
+    fraction f = (B - 1)/O of the steps carries a prefill (continuous batching, Yu et al.
+    2022, Orca, OSDI). Such a step is `mixed_step_s`, not a decode step plus a separate
+    prefill: the prefill's compute hides the step's weight and KV reads and shares its fixed
+    costs. Average: step(B) + f x (mixed(B) - step(B)); chunked prefill spreads the same
+    GPU time over more steps."""
     others = max(0, batch - 1)
-    return decode_step_s(r, a, tp, batch) + others / r.output_tokens * prefill_s(r, a, tp)
+    step = decode_step_s(r, a, tp, batch)
+    if not others:
+        return step
+    return step + others / r.output_tokens * (mixed_step_s(r, a, tp, batch) - step)
 
 
 def _largest_batch(r: ServeRequest, a: Assumptions, tp: int, limit: int) -> int:
@@ -222,8 +249,9 @@ def evaluate(r: ServeRequest, a: Assumptions, tp: int, pp: int) -> ServeOption:
     n = tp * pp
     usable = r.gpu.memory_bytes * a.gpu_memory_utilization - engine_reserve_bytes(m, a, tp)
     w_gpu = weight_bytes(m, r.precision) / n
-    # K/V heads are split over tp ranks (replicated once tp exceeds kv_heads), layers over pp.
-    kv_gpu_token = kv_bytes_per_token(m, r.kv_precision) / (min(tp, m.n_kv_heads) * pp)
+    # K/V heads are split over tp ranks (replicated once tp exceeds kv_heads; MLA's latent on
+    # every rank), layers over pp.
+    kv_gpu_token = kv_bytes_per_token(m, r.kv_precision) / (m.kv_shards(tp) * pp)
     kv_capacity = max(0.0, usable - w_gpu) / kv_gpu_token
     # KV tokens a sequence keeps (at most the sliding window): the longest, and a typical one
     seq_tokens = kv_tokens(m, r.prompt_tokens + r.output_tokens)

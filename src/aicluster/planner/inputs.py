@@ -337,6 +337,8 @@ def _train_request(
         strategy="zero3" if w.strategy == "fsdp" else w.strategy,
         tensor_parallel=w.tensor_parallel,
         pipeline_parallel=w.pipeline_parallel,
+        context_parallel=w.context_parallel,
+        expert_parallel=w.expert_parallel,
         checkpointing=w.activation_checkpointing,
         gpus=w.gpus,
         target_seconds=target,

@@ -20,6 +20,7 @@ Sources (cited again next to each formula):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from aicluster.planner.hardware import ModelShape
@@ -60,7 +61,9 @@ def bytes_per_param(precision: str) -> float:
 
 @dataclass(frozen=True)
 class ParamCounts:
-    """Where a model's parameters are. `mlp` counts every expert; `mlp_active` those used per token."""
+    """Where a model's parameters are. `mlp` counts every expert; `mlp_active` those used per
+    token; `routed` the routed experts' weights (what expert parallelism shards) and
+    `routed_active` the routed share one token uses."""
 
     embedding: float
     lm_head: float
@@ -68,6 +71,8 @@ class ParamCounts:
     mlp: float
     mlp_active: float
     norms: float
+    routed: float = 0.0
+    routed_active: float = 0.0
 
     @property
     def total(self) -> float:
@@ -83,28 +88,62 @@ class ParamCounts:
         return self.attention + self.mlp
 
 
+def _attention_per_layer(m: ModelShape) -> tuple[float, float]:
+    """(matmul weights, norm weights) of one attention block.
+
+    Standard/GQA: h·(a·d) [Q] + 2·h·(kv·d) [K, V] + (a·d)·h [O].
+    MLA (DeepSeek-V2, arXiv:2405.04434, Sec. 2.1.2; V3 config.json): queries h·q_r + q_r·a·(d_nope
+    + d_rope) through the q_lora_rank bottleneck q_r (or h·a·(d_nope + d_rope) without it);
+    the joint KV down-projection h·(c + d_rope) (latent c = kv_lora_rank plus the shared RoPE
+    key); its up-projection c·a·(d_nope + d_v); the output a·d_v·h; RMSNorms on both latents.
+    """
+    h, a = m.hidden_size, m.attention_heads
+    if not m.mla:
+        q_out, kv_out = a * m.d_head, m.n_kv_heads * m.d_head
+        return h * q_out + 2 * h * kv_out + q_out * h, 0.0
+    c, q_r = m.kv_lora_rank or 0, m.q_lora_rank or 0
+    nope = m.qk_nope_head_dim or m.d_head
+    q = h * q_r + q_r * a * m.qk_dim if q_r else h * a * m.qk_dim
+    kv = h * (c + m.rope_dim) + c * a * (nope + m.v_dim)
+    return q + kv + a * m.v_dim * h, float(q_r + c)
+
+
+@functools.lru_cache(maxsize=512)
 def param_counts(m: ModelShape) -> ParamCounts:
     """Parameters of a Llama/GPT-style decoder from its config.
 
-    Per layer: attention = h·(a·d) [Q] + 2·h·(kv·d) [K, V; GQA] + (a·d)·h [O];
+    Per layer: attention (`_attention_per_layer`: Q, K, V, O; GQA; or MLA);
     MLP = 3·h·f when gated (SwiGLU: gate, up, down; Shazeer 2020) else 2·h·f;
-    MoE: `experts` MLPs plus a router of h·experts; two RMSNorms of h.
-    Embedding V·h, plus an LM head V·h unless tied, plus a final norm h.
+    MoE layers: `experts` routed MLPs and `shared_experts` shared ones of the expert size,
+    plus a router of h·experts; the first `dense_layers` layers keep a dense MLP
+    (DeepSeek-V3: 3 dense layers, 58 MoE layers of 256 routed + 1 shared experts of 2048);
+    two RMSNorms of h. Embedding V·h, plus an LM head V·h unless tied, plus a final norm h.
     Checks: Llama-2-7B gives 6,738,415,616 and Llama-3-8B 8,030,261,248 (HF checkpoints).
     Biases and learned position embeddings (GPT, OPT) are not counted; set `params`.
     """
     h, L = m.hidden_size, m.layers
-    q_out = m.attention_heads * m.d_head
-    kv_out = m.n_kv_heads * m.d_head
-    attention = L * (h * q_out + 2 * h * kv_out + q_out * h)
-    one_mlp = (3 if m.gated_mlp else 2) * h * m.d_ff
-    router = h * m.experts if m.experts > 1 else 0
-    mlp = L * (m.experts * one_mlp + router)
-    mlp_active = L * (min(m.active_experts, m.experts) * one_mlp + router)
+    attn_layer, latent_norms = _attention_per_layer(m)
+    attention = L * attn_layer
+    width = 3 if m.gated_mlp else 2
+    dense_mlp = width * h * m.d_ff
+    routed = routed_active = 0.0
+    if m.is_moe:
+        expert = width * h * m.expert_d_ff
+        moe_layers = m.moe_layers
+        routed = moe_layers * m.experts * expert
+        routed_active = moe_layers * min(m.active_experts, m.experts) * expert
+        shared = moe_layers * m.shared_experts * expert
+        router = moe_layers * h * m.experts
+        mlp = (L - moe_layers) * dense_mlp + routed + shared + router
+    else:
+        mlp = L * dense_mlp
+    mlp_active = mlp - routed + routed_active
     embedding = m.vocab_size * h
     lm_head = 0 if m.tied_embeddings else m.vocab_size * h
-    norms = L * 2 * h + h
-    counts = ParamCounts(embedding, lm_head, attention, mlp, mlp_active, norms)
+    norms = L * (2 * h + latent_norms) + h
+    counts = ParamCounts(
+        embedding, lm_head, attention, mlp, mlp_active, norms, routed, routed_active
+    )
     if m.params:  # published total overrides the shape; scale the block weights to match
         extra = m.params - counts.total
         scale = 1 + extra / counts.linear if counts.linear else 1
@@ -115,6 +154,8 @@ def param_counts(m: ModelShape) -> ParamCounts:
             mlp * scale,
             mlp_active * scale,
             norms,
+            routed * scale,
+            routed_active * scale,
         )
     return counts
 
@@ -150,17 +191,29 @@ def kv_bytes_per_token(m: ModelShape, kv_precision: str = "bf16") -> float:
     """KV cache bytes for one token: 2 (K and V) x L x kv_heads x head_dim x bytes.
 
     [vLLM Sec. 3]: OPT-13B needs 2 x 5120 x 40 x 2 B = 800 KB per token. With [GQA],
-    Llama-3-8B needs 2 x 32 x 8 x 128 x 2 B = 128 KiB per token.
+    Llama-3-8B needs 2 x 32 x 8 x 128 x 2 B = 128 KiB per token. MLA caches one latent per
+    layer instead of per-head K and V: L x (kv_lora_rank + qk_rope_head_dim) x bytes
+    (DeepSeek-V2, arXiv:2405.04434, Table 1: (d_c + d_h^R)·l elements; DeepSeek-V3:
+    61 x (512 + 64) x 2 B = 70,272 B per bf16 token).
     """
+    if m.mla:
+        return m.layers * ((m.kv_lora_rank or 0) + m.rope_dim) * bytes_per_param(kv_precision)
     return 2 * m.layers * m.n_kv_heads * m.d_head * bytes_per_param(kv_precision)
 
 
 def kv_tokens(m: ModelShape, context: float) -> float:
-    """Tokens whose K/V one sequence of `context` tokens keeps: all of them, or at most the
-    attention window. Sliding-window attention (Mistral 7B, arXiv:2310.06825 Sec. 2, "rolling
-    buffer cache") attends to the last W tokens only, so the cache never holds more than W
-    per layer. Every layer is assumed to use the window (true of Mistral 7B v0.1)."""
-    return min(context, m.sliding_window) if m.sliding_window else context
+    """Tokens whose K/V one sequence of `context` tokens keeps, averaged over the layers:
+    all of them, or at most the attention window in sliding-window layers. Sliding-window
+    attention (Mistral 7B, arXiv:2310.06825 Sec. 2, "rolling buffer cache") attends to the
+    last W tokens only, so such a layer never holds more than W. With
+    `sliding_window_pattern` p only L - L//p layers are local (Gemma 2, arXiv:2408.00118
+    Sec. 2: local and global layers alternate; Gemma 3: 5 local per global), the rest keep
+    the whole context: (global x context + local x min(context, W)) / L."""
+    if not m.sliding_window:
+        return context
+    local = min(context, m.sliding_window)
+    g = m.global_layers
+    return (g * context + (m.layers - g) * local) / m.layers
 
 
 def kv_bytes_per_sequence(m: ModelShape, context: float, kv_precision: str = "bf16") -> float:
@@ -281,6 +334,7 @@ def activation_bytes(
     micro_batch: int,
     tp: int = 1,
     checkpointing: str = "selective",
+    cp: int = 1,
 ) -> float:
     """Activation memory per GPU for one micro-batch in flight, 16-bit activations.
 
@@ -290,13 +344,16 @@ def activation_bytes(
       full:      s·b·h·2 / t per layer, plus one layer's 34·s·b·h/t while it is recomputed.
     With 1F1B pipelining the first stage holds p micro-batches of L/p layers = L layers'
     worth [SP Sec. 4.2], so the per-GPU figure uses all L layers over t.
+    Context parallelism `cp` splits the sequence: every rank holds s/cp tokens' activations
+    ("the activation memory footprint per GPU is CP times smaller", Megatron-LM context
+    parallel docs); stored scores are then (s/cp) x s per head.
     The 34 is derived for GPT-style blocks (MHA, 4h MLP); Llama-style blocks land close.
     Plus the logits for the loss: s·b·V·(2 + 4)/t (bf16 logits and their fp32 copy; assumption).
     """
-    s, b, h, a, L = seq, micro_batch, m.hidden_size, m.attention_heads, m.layers
+    s, b, h, a, L = seq / cp, micro_batch, m.hidden_size, m.attention_heads, m.layers
     sbh = s * b * h
     if checkpointing == "none":  # scores are s x min(s, window) with sliding-window attention
-        per_layer = sbh * (34 + 5 * a * kv_tokens(m, s) / h)
+        per_layer = sbh * (34 + 5 * a * kv_tokens(m, seq) / h)
         layers = L * per_layer
     elif checkpointing == "full":
         layers = L * 2 * sbh + 34 * sbh
@@ -312,6 +369,7 @@ LORA_TARGETS = {
     "attention": LORA_MODULES[:4],  # Q, K, V, O
     "qv": ("q_proj", "v_proj"),  # LoRA's own setting: W_q and W_v [LoRA Sec. 4.2, 7.1]
 }
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 
 
 def lora_modules(targets: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -321,25 +379,52 @@ def lora_modules(targets: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return tuple(targets)
 
 
-def _module_dims(m: ModelShape) -> dict[str, tuple[int, int, int]]:
-    """(d_in, d_out, copies per layer) of each linear module of a block. A non-gated MLP
-    has no gate_proj (up = c_fc, down = c_proj); every expert has its own MLP."""
-    h, q_out, kv_out = m.hidden_size, m.attention_heads * m.d_head, m.n_kv_heads * m.d_head
-    dims = {
-        "q_proj": (h, q_out, 1),
-        "k_proj": (h, kv_out, 1),
-        "v_proj": (h, kv_out, 1),
-        "o_proj": (q_out, h, 1),
-        "up_proj": (h, m.d_ff, m.experts),
-        "down_proj": (m.d_ff, h, m.experts),
-    }
-    if m.gated_mlp:
-        dims["gate_proj"] = (h, m.d_ff, m.experts)
+Matrices = list[tuple[int, int, float]]  # (d_in, d_out, copies in the whole model)
+
+
+def _module_dims(m: ModelShape, routed_only: bool = False) -> dict[str, Matrices]:
+    """The matrices each linear module name stands for: (d_in, d_out, copies over all
+    layers). A non-gated MLP has no gate_proj (up = c_fc, down = c_proj); MoE layers have
+    one MLP of the expert size per routed and shared expert, dense layers one of
+    intermediate_size. MLA: q_proj is q_a_proj + q_b_proj (or one q_proj without a query
+    bottleneck), k_proj stands for kv_a_proj_with_mqa and v_proj for kv_b_proj (PEFT's
+    names for DeepSeek). `routed_only`: the routed experts' matrices alone."""
+    h, L, a = m.hidden_size, m.layers, m.attention_heads
+    dims: dict[str, Matrices] = {}
+    if not routed_only:
+        if m.mla:
+            c, q_r = m.kv_lora_rank or 0, m.q_lora_rank or 0
+            nope = m.qk_nope_head_dim or m.d_head
+            dims["q_proj"] = (
+                [(h, q_r, L), (q_r, a * m.qk_dim, L)] if q_r else [(h, a * m.qk_dim, L)]
+            )
+            dims["k_proj"] = [(h, c + m.rope_dim, L)]
+            dims["v_proj"] = [(c, a * (nope + m.v_dim), L)]
+            dims["o_proj"] = [(a * m.v_dim, h, L)]
+        else:
+            q_out, kv_out = a * m.d_head, m.n_kv_heads * m.d_head
+            dims["q_proj"] = [(h, q_out, L)]
+            dims["k_proj"] = [(h, kv_out, L)]
+            dims["v_proj"] = [(h, kv_out, L)]
+            dims["o_proj"] = [(q_out, h, L)]
+    moe_layers = m.moe_layers
+    f_e = m.expert_d_ff
+    experts = m.experts if routed_only else m.experts + m.shared_experts
+    mlps: list[tuple[int, float]] = [] if routed_only else [(m.d_ff, L - moe_layers)]
+    if moe_layers:
+        mlps.append((f_e, moe_layers * experts))
+    mlps = [(f, n) for f, n in mlps if n]
+    names = MLP_MODULES if m.gated_mlp else MLP_MODULES[1:]
+    for name in names:
+        dims[name] = [(f, h, n) if name == "down_proj" else (h, f, n) for f, n in mlps]
     return dims
 
 
 def lora_params(
-    m: ModelShape, rank: int, targets: str | tuple[str, ...] | list[str] = "all"
+    m: ModelShape,
+    rank: int,
+    targets: str | tuple[str, ...] | list[str] = "all",
+    routed_only: bool = False,
 ) -> float:
     """Trainable LoRA parameters: r·(d_in + d_out) per adapted matrix [LoRA Sec. 4].
 
@@ -347,13 +432,13 @@ def lora_params(
     [QLoRA Sec. 4]), `attention` (Q, K, V, O), `qv` (W_q and W_v, LoRA's own setting), or
     a list of module names from LORA_MODULES. Checks: GPT-3 175B with r = 1 and r = 8 on
     W_q, W_v gives 4.7M and 37.7M [LoRA Table 4]; Llama 2 7B with r = 8 on q_proj, v_proj
-    gives 4,194,304 (PEFT's print_trainable_parameters).
+    gives 4,194,304 (PEFT's print_trainable_parameters). `routed_only`: the adapters of
+    the routed experts alone (what expert parallelism shards).
     """
-    dims = _module_dims(m)
-    per_layer = sum(
-        (dims[t][0] + dims[t][1]) * dims[t][2] for t in lora_modules(targets) if t in dims
+    dims = _module_dims(m, routed_only)
+    return rank * sum(
+        (d_in + d_out) * n for t in lora_modules(targets) for d_in, d_out, n in dims.get(t, ())
     )
-    return m.layers * rank * per_layer
 
 
 def adafactor_state_values(
@@ -371,8 +456,8 @@ def adafactor_state_values(
     """
     if trainable_lora:
         dims = _module_dims(m)
-        n = sum(dims[t][2] for t in lora_modules(targets) if t in dims)
-        return lora_params(m, 1, targets) + m.layers * n * 2 * rank
+        n = sum(c for t in lora_modules(targets) for _, _, c in dims.get(t, ()))
+        return lora_params(m, 1, targets) + n * 2 * rank
     h, V = m.hidden_size, m.vocab_size
     heads = 1 if m.tied_embeddings else 2
     return lora_params(m, 1, "all") + heads * (V + h) + m.layers * 2 * h + h

@@ -94,6 +94,9 @@ def train_rows(d: dict) -> list[dict]:
         layout = "-"
         if lay:
             layout = f"{lay['strategy']} dp{lay['data_parallel']} tp{lay['tensor_parallel']} pp{lay['pipeline_parallel']}"
+            for key, short in (("context_parallel", "cp"), ("expert_parallel", "ep")):
+                if lay.get(key, 1) > 1:
+                    layout += f" {short}{lay[key]}"
         rows.append(
             {
                 "workload": t["name"],

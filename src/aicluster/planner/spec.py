@@ -123,19 +123,48 @@ class Architecture(Strict):
     head_dim: PosInt | None = None
     intermediate_size: PosInt | None = None
     gated_mlp: bool = True
-    experts: PosInt = 1
-    active_experts: PosInt = 1
+    experts: PosInt = Field(default=1, description="routed experts per MoE layer")
+    active_experts: PosInt = Field(default=1, description="routed experts each token uses")
+    shared_experts: Annotated[int, Field(ge=0, strict=True)] = Field(
+        default=0, description="experts every token uses (DeepSeek: n_shared_experts)"
+    )
+    moe_intermediate_size: PosInt | None = Field(
+        default=None, description="one expert's intermediate size; default intermediate_size"
+    )
+    dense_layers: Annotated[int, Field(ge=0, strict=True)] = Field(
+        default=0,
+        description="leading layers with a dense MLP of intermediate_size "
+        "(DeepSeek: first_k_dense_replace)",
+    )
     tied_embeddings: bool = False
     max_context: PosInt | None = None
     sliding_window: PosInt | None = Field(
         default=None, description="attention window (tokens); bounds the KV cache per sequence"
     )
+    sliding_window_pattern: PosInt | None = Field(
+        default=None,
+        description="every N-th layer attends globally, the others use sliding_window "
+        "(Gemma 2: 2, Gemma 3: 6); default: every layer uses the window",
+    )
+    kv_lora_rank: PosInt | None = Field(
+        default=None, description="multi-head latent attention: the cached KV latent (DeepSeek)"
+    )
+    q_lora_rank: PosInt | None = None
+    qk_rope_head_dim: PosInt | None = None
+    qk_nope_head_dim: PosInt | None = None
+    v_head_dim: PosInt | None = None
     params: Count | None = Field(default=None, description="total; computed when omitted")
 
     @model_validator(mode="after")
     def _consistent(self) -> Architecture:
         if self.active_experts > self.experts:
             raise ValueError("active_experts must not exceed experts")
+        if self.dense_layers >= self.layers:
+            raise ValueError(
+                f"dense_layers {self.dense_layers} must be fewer than layers {self.layers}"
+            )
+        if self.sliding_window_pattern is not None and self.sliding_window is None:
+            raise ValueError("sliding_window_pattern needs sliding_window (the local window)")
         if self.kv_heads and self.attention_heads % self.kv_heads:
             raise ValueError("attention_heads must be a multiple of kv_heads")
         if self.head_dim is None and self.hidden_size % self.attention_heads:
@@ -157,9 +186,18 @@ class ModelOverride(Strict):
     gated_mlp: bool | None = None
     experts: PosInt | None = None
     active_experts: PosInt | None = None
+    shared_experts: Annotated[int, Field(ge=0, strict=True)] | None = None
+    moe_intermediate_size: PosInt | None = None
+    dense_layers: Annotated[int, Field(ge=0, strict=True)] | None = None
     tied_embeddings: bool | None = None
     max_context: PosInt | None = None
     sliding_window: PosInt | None = None
+    sliding_window_pattern: PosInt | None = None
+    kv_lora_rank: PosInt | None = None
+    q_lora_rank: PosInt | None = None
+    qk_rope_head_dim: PosInt | None = None
+    qk_nope_head_dim: PosInt | None = None
+    v_head_dim: PosInt | None = None
     params: Count | None = None
     sources: dict[str, str] | None = None
 
@@ -321,6 +359,14 @@ class TrainWorkload(_Workload):
     strategy: Literal["auto", "ddp", "zero1", "zero2", "zero3", "fsdp"] = "auto"
     tensor_parallel: PosInt | None = None
     pipeline_parallel: PosInt | None = None
+    context_parallel: PosInt | None = Field(
+        default=None,
+        description="ranks each sequence is split over (ring attention); default: searched",
+    )
+    expert_parallel: PosInt | None = Field(
+        default=None,
+        description="ranks a mixture-of-experts model's experts are split over; default: searched",
+    )
     activation_checkpointing: Literal["none", "selective", "full"] = "selective"
     precision: Literal["bf16", "fp8"] = "bf16"
     gpus: PosInt | None = Field(default=None, description="fixed GPU count; default: derived")
@@ -377,6 +423,7 @@ class Constraints(Strict):
     network_efficiency: Fraction | None = None
     nvlink_efficiency: Fraction | None = None
     allreduce_latency_us: Annotated[float, Field(ge=0)] | None = None
+    allreduce_latency_per_doubling_us: Annotated[float, Field(ge=0)] | None = None
     step_overhead_per_layer_us: Annotated[float, Field(ge=0)] | None = None
     gpu_memory_utilization: Fraction | None = None
     runtime_overhead_gib: Annotated[float, Field(ge=0)] | None = None
