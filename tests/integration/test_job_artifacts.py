@@ -37,6 +37,9 @@ def test_job_reads_an_input_and_pushes_an_output(admin, tmp_path):
     for rank in range(2):
         log = admin.logs(job["id"], rank=rank)[0].decode()
         assert "hello from the dataset" in log
+        # the worker said where its input was (runtime.inputs_progress) before the command ran
+        ready = log.index("aicluster inputs: ready data: ")
+        assert ready < log.index("hello from the dataset")
         # read-only for everyone but root (who ignores modes: these tests may run as root)
         assert all(m in ("mode=555", "mode=444") for m in log.split() if m.startswith("mode="))
         assert log.count("mode=") == 2

@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from aicluster.control.inputs_progress import InputsProgress
 from aicluster.control.job_envs import EnvProgress
 from aicluster.control.job_io import launch_request, push_outputs, resolve_inputs
 from aicluster.control.logs import LogStore
@@ -104,6 +105,7 @@ class Controller:
         self.nodes: list[NodeInfo] = []
         self.lost_since: dict[str, float] = {}  # job id -> when a worker was first seen lost
         self.env_progress = EnvProgress(store, logs, clock)  # jobs' `environment` builds
+        self.inputs_progress = InputsProgress(clock)  # their `inputs` while they launch
         # job id -> the last time every worker of its attempt answered: an interrupted
         # attempt stopped making progress then (control.recovery measures from there)
         self.last_heard: dict[str, float] = {}
@@ -217,8 +219,10 @@ class Controller:
             fut = self.launching[job.id] = self.pool.submit(self._adopt, job)
             fut.add_done_callback(lambda _f: self.notify())
         if not fut.done():
+            self.inputs_progress.observe_job(self.store, job, self.pull_logs)
             return
         del self.launching[job.id]
+        self.inputs_progress.forget(job.id)
         exc = fut.exception()
         redo = fut.result() if exc is None else None
         if isinstance(redo, _Redo):

@@ -32,6 +32,7 @@ from aicluster.control.endpoints import (
     ServiceEndpoints,
 )
 from aicluster.control.gateway_feed import merge_demand
+from aicluster.control.inputs_progress import InputsProgress
 from aicluster.control.logs import LogStore
 from aicluster.control.scaling import Scaler
 from aicluster.control.snapshot import WorkloadView, artifact_keys, per_worker, preferred
@@ -41,6 +42,7 @@ from aicluster.core.replica import ReplicaReason as RR
 from aicluster.core.replica import ReplicaStatus as RS
 from aicluster.engine.protocol import Engine, LaunchRequest, NodeInfo
 from aicluster.runtime import envs
+from aicluster.runtime.inputs_progress import PREFIX as INPUTS_PREFIX
 from aicluster.runtime.replica_auth import SECRET_ENV, SECRET_HEADER
 from aicluster.specs.service import ServiceSpec
 from aicluster.store.services import ReplicaRecord, ServiceRecord, ServiceStore
@@ -114,6 +116,7 @@ class ServiceLoop:
         self._served: dict[str, str] = {}  # spec JSON -> served model name
         # STARTING replicas: (phase, last env progress line, last other line, when stored)
         self.progress: dict[str, tuple[str, str, str, float]] = {}
+        self.inputs_progress = InputsProgress(self.clock)  # artifact models while launching
         # Other gateways' demand per service (control.gateway_feed.RemoteDemand.read),
         # read once per reconcile and added to this process's table for autoscaling.
         self.remote_demand: Callable[[], dict] | None = None
@@ -311,8 +314,11 @@ class ServiceLoop:
         fut = self.launching.get(rep.id)
         if fut is not None:
             if not fut.done():
+                if svc.spec.model.startswith(ARTIFACT_PREFIX):  # its model comes first
+                    self.inputs_progress.observe_replica(self.services, rep, self._pull)
                 return rep
             del self.launching[rep.id]
+            self.inputs_progress.forget(rep.id)
             if fut.exception() is not None:
                 return self._fail(rep, RR.LAUNCH_FAILED, str(fut.exception()))
             addr, port = fut.result()
@@ -348,7 +354,7 @@ class ServiceLoop:
             said = envs.last_progress(ln)
             if said is not None:  # building | waiting | ready | failed, and what
                 new_phase, head, line = said.split(" ", 1)[0], said, ""
-            elif ln:
+            elif ln and not ln.startswith(INPUTS_PREFIX):  # its model's: shown at launch
                 line = ln
                 new_phase = "loading" if new_phase == "ready" else new_phase
         now = self.clock()

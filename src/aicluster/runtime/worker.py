@@ -81,6 +81,7 @@ class WorkerProcess:
         root = Path(scratch_root) / "aicluster-work" if scratch_root else work_root()
         self.dir = root / f"{job_id}-a{attempt}-r{rank}"
         self.log_path = self.dir / "output.log"
+        self._scanned: dict[str, list] = {}  # output path -> scan_output's (entry, file)s
         self.proc: subprocess.Popen | None = None
         self.started_at: float | None = None
         self.on_output = on_output
@@ -114,7 +115,7 @@ class WorkerProcess:
         policy = SandboxPolicy.from_dict(sandbox)
         job_env = dict(env)
         for item in inputs or []:
-            dest = materialise_input(item, cwd, storage)
+            dest = materialise_input(item, cwd, storage, say=self._say)
             if item.get("env"):
                 job_env[item["env"]] = str(dest)
         prepared = prepare(policy, self.dir)
@@ -186,6 +187,18 @@ class WorkerProcess:
             os.close(log_fd)
             self._drained.set()
 
+    def _say(self, line: str) -> None:
+        """A line of the platform's own in the log (and its stream), before the command
+        starts: where its inputs are (runtime.inputs_progress)."""
+        data = (line + "\n").encode()
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            offset = os.fstat(fd).st_size
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        self._emit(offset, data)
+
     def _emit(self, offset: int, chunk: bytes) -> None:
         if self.on_output is None:
             return
@@ -251,28 +264,30 @@ class WorkerProcess:
     # -- outputs (rank 0, after the command exited 0) -----------------------------------
 
     def scan_output(self, path: str) -> list[dict]:
-        from aicluster.artifacts.manifest import scan_folder
+        """The output's file list as an upload declares it: files over CHUNKED_ABOVE
+        bytes as chunks (artifacts.chunks), so a new version of a large file stores only
+        the chunks that changed. Hashed once, on threads; `upload_output` reuses it."""
+        from aicluster.client.transfer import scan
 
         target = self.dir / "workdir" / path
         if not target.exists():
             raise FileNotFoundError(f"output {path!r} does not exist in the working directory")
-        return [
-            {"path": e.path, "size": e.size, "sha256": e.sha256} for e, _ in scan_folder(target)
-        ]
+        self._scanned[path] = scan(target)
+        return [e.as_dict() for e, _ in self._scanned[path]]
 
     def upload_output(self, path: str, digests: list[str], storage) -> int:
-        """Write the named blobs of the output to storage; returns the bytes written."""
-        from aicluster.artifacts.manifest import scan_folder
+        """Write the named blobs (whole files or chunks) of the output to storage;
+        returns the bytes written."""
+        from aicluster.client.transfer import places, read_place, scan
         from aicluster.store.artifacts.backend import open_backend
 
-        backend = open_backend(storage)
-        want, written = set(digests), 0
-        for entry, file in scan_folder(self.dir / "workdir" / path):
-            if entry.sha256 in want:
-                want.discard(entry.sha256)
-                with open(file, "rb") as f:
-                    backend.write_blob(entry.sha256, iter(lambda: f.read(1 << 20), b""))
-                written += entry.size
+        scanned = self._scanned.pop(path, None) or scan(self.dir / "workdir" / path)
+        where, backend, written = places(scanned), open_backend(storage), 0
+        for digest in dict.fromkeys(digests):
+            if digest not in where:
+                raise ValueError(f"output {path!r} holds no blob {digest}")
+            backend.write_blob(digest, read_place(where[digest]))
+            written += where[digest][2]
         return written
 
 
@@ -300,14 +315,24 @@ def work_root(environ=os.environ) -> Path:
     return Path(base) / "aicluster-work"
 
 
-def materialise_input(item: dict, cwd: Path, storage) -> Path:
+def materialise_input(
+    item: dict, cwd: Path, storage, say: Callable[[str], None] | None = None
+) -> Path:
+    """One input in place under `cwd`; with `say`, its progress as log lines
+    (runtime.inputs_progress), named by its path."""
     from aicluster.artifacts.manifest import Manifest
     from aicluster.runtime.cache import BlobCache, node_cache_root
+    from aicluster.runtime.inputs_progress import Reporter
     from aicluster.store.artifacts.backend import open_backend
 
     manifest = Manifest.from_json(item["manifest"])
     cache = BlobCache(node_cache_root(), int(os.environ.get("AICLUSTER_CACHE_BYTES", 20 * 2**30)))
     dest = cwd / item["path"]
     dest.parent.mkdir(parents=True, exist_ok=True)
-    cache.materialise(manifest, dest, open_backend(storage).iter_blob)
+    if say is None:
+        cache.materialise(manifest, dest, open_backend(storage).iter_blob)
+        return dest
+    reporter = Reporter(item["path"], sum(cache.wanted(manifest).values()), say)
+    cache.materialise(manifest, dest, open_backend(storage).iter_blob, progress=reporter.add)
+    reporter.finish()
     return dest

@@ -381,13 +381,20 @@ class JobStore:
         return changed
 
     def set_running_message(
-        self, job_id: str, attempt: int, message: str, event: str | None = None, reason=None
+        self,
+        job_id: str,
+        attempt: int,
+        message: str,
+        event: str | None = None,
+        reason=None,
+        status: JobStatus = JobStatus.RUNNING,
     ) -> bool:
-        """Say what a RUNNING job's attempt is doing (e.g. building its environment); an
-        Event of type `event` with it when given. Nothing when the job has moved on."""
+        """Say what a job's attempt is doing while it is in `status` (RUNNING: building
+        its environment; ADMITTED: fetching its inputs); an Event of type `event` with it
+        when given. Nothing when the job has moved on."""
         with self._session.begin() as s:
             row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
-            if row is None or row.status != JobStatus.RUNNING.value or row.attempt != attempt:
+            if row is None or row.status != status.value or row.attempt != attempt:
                 return False
             row.message = message
             row.updated_at = self.clock()
