@@ -317,3 +317,28 @@ def test_events_view_shows_the_job_transitions(
         if e["to_status"]:
             expect(row.get_by_test_id("event-transition")).to_contain_text("→ " + e["to_status"])
     page.screenshot(path=screenshots / "events.png", full_page=True)
+
+
+def test_overview_shows_each_node_s_newest_doctor_verdict(
+    page, dashboard_cp, dashboard_admin, screenshots
+):
+    """A one-worker `aicluster doctor` probe job, judged by the control plane against an
+    expectation no CPU reaches: the overview shows that node's verdict and failing check."""
+    from aicluster.cli.doctor_cmds import forget
+
+    probe = ["python", "-m", "aicluster.runtime.doctor_probe", "--p2p-bytes=1024"]
+    probe += ["--allreduce-bytes=1024", "--storage-bytes=1024", "--mem-bytes=1048576"]
+    job = dashboard_admin.submit({"kind": "job", "name": "dash-doctor", "command": probe}, None)
+    done = dashboard_admin.wait(job["id"], TERMINAL, timeout=120)
+    forget(dashboard_admin, f"{done['team']}/dash-doctor-ckpt")
+    assert done["status"] == "SUCCEEDED", done
+    unreachable = {"cpu_matmul": {"value": 1e12, "source": "no CPU reaches it"}}
+    body = {"job_id": job["id"], "expect": unreachable}
+    stored = dashboard_admin.request_json("POST", "/v1/doctor/reports", json=body)
+    node = done["placement"][0]
+    assert stored["failing_nodes"] == [node], stored
+    login(page, dashboard_cp, dashboard_cp.admin_token)
+    row = page.locator(f'[data-testid="node-row"][data-node-id="{node}"]')
+    expect(row.get_by_test_id("node-doctor")).to_have_text("fail")
+    expect(row.get_by_test_id("node-doctor-failing")).to_contain_text("cpu_matmul")
+    page.screenshot(path=screenshots / "overview-doctor.png", full_page=True)

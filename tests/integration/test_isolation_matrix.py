@@ -35,6 +35,7 @@ ADMIN_ONLY = {
     "PUT /v1/prices/tokens",
     "PUT /v1/teams/{team}/storage-quota",
     "DELETE /v1/teams/{team}/storage-quota",
+    "POST /v1/doctor/reports",  # judging a doctor run: admins, as the run itself
     # what gateway processes follow and send (replicas' secrets, tokens' digests)
     "GET /v1/gateway/feed",
     "POST /v1/gateway/report",
@@ -72,6 +73,7 @@ READS = {
     "GET /v1/usage/tokens",  # members: their team's callers' token usage
     "GET /v1/prices/tokens",
     "GET /v1/teams/{team}/storage-quota",  # members and viewers: their own team's only
+    "GET /v1/doctor/reports",  # figures of nodes, read by all as /v1/nodes is
 }
 
 SERVICE = {
@@ -100,6 +102,7 @@ BODIES = {  # valid bodies, so that only who calls decides the answer
     "PUT /v1/limits/tokens/{token_id}": {"tokens_per_min": 1},
     "PUT /v1/prices/tokens": {"service": "iso-sneak", "input_mtok": 99.0},
     "PUT /v1/teams/{team}/storage-quota": {"bytes": 1},
+    "POST /v1/doctor/reports": {"job_id": "iso-sneak"},
 }
 
 

@@ -91,6 +91,7 @@ class ControlPlane:
         apply_ray_env(home, loopback=ray_address.startswith("127."))
         from aicluster.api.app import create_app
         from aicluster.api.artifacts_routes import artifact_router
+        from aicluster.api.doctor_routes import doctor_router
         from aicluster.api.gateway_feed_routes import gateway_feed_router
         from aicluster.api.gateway_parts import GatewayParts
         from aicluster.api.metrics_routes import metrics_router
@@ -101,6 +102,7 @@ class ControlPlane:
         from aicluster.control.api_ops import ApiOps
         from aicluster.control.artifacts import ArtifactService
         from aicluster.control.budgets import BudgetCollector, BudgetOps, BudgetStep
+        from aicluster.control.doctor import DoctorOps
         from aicluster.control.endpoint_ops import EndpointOps
         from aicluster.control.endpoints import EndpointTable
         from aicluster.control.gateway_feed import GatewayFeed, RemoteDemand, report_of
@@ -123,6 +125,7 @@ class ControlPlane:
         from aicluster.store.audit import AuditStore
         from aicluster.store.budgets import BudgetStore
         from aicluster.store.db import open_store
+        from aicluster.store.doctor import DoctorReports
         from aicluster.store.gateway_reports import GatewayReports
         from aicluster.store.jobfiles import JobFiles
         from aicluster.store.lease import FencedEngine, LeaderElector, LeaderLease
@@ -279,6 +282,9 @@ class ControlPlane:
                     StorageQuotaOps(self.artifacts.artifacts, self.store.team_exists), p
                 ),
                 lambda p: metrics_router(self.metrics, p),
+                lambda p: doctor_router(
+                    DoctorOps(DoctorReports(self.store), self.store.get_job, logs.read_from), p
+                ),
                 lambda p: usage_router(UsageOps(usage, self.store.team_exists, storage=storage), p),
                 lambda p: usage_series_router(
                     UsageSeriesOps(UsageSeriesStore(self.store), self.store.team_exists), p

@@ -8,6 +8,7 @@ from aicluster.cli import (
     artifacts_cmds,
     audit_cmds,
     budgets_cmds,
+    doctor_cmds,
     gateway_cmds,
     jobs_cmds,
     limits_cmds,
@@ -40,6 +41,7 @@ tokens_cmds.register(app)
 limits_cmds.register(app)
 state_cmds.register(app)
 gateway_cmds.register(app)
+doctor_cmds.register(app)
 
 if __name__ == "__main__":
     app()

@@ -7,6 +7,7 @@ written in one transaction, guarded by compare-and-set on the old status.
 from aicluster.store import (  # noqa: F401 - tables
     audit_schema,
     budget_schema,
+    doctor_schema,
     gateway_schema,
     jobfiles_schema,
     lease_schema,

@@ -105,6 +105,10 @@ export class Api {
 
   whoami() { return this.json("/v1/whoami"); }
   nodes() { return this.all("/v1/nodes", "nodes"); }
+  // The newest page of `aicluster doctor` reports, newest first (control.doctor).
+  doctorReports(limit = 50) {
+    return this.page("/v1/doctor/reports", "reports", [], limit, null).then((p) => p.items);
+  }
   teams() { return this.json("/v1/teams").then((b) => b.teams); }
   services() { return this.all("/v1/services", "services"); }
   job(id) { return this.json("/v1/jobs/" + encodeURIComponent(id)); }

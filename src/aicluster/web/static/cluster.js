@@ -80,7 +80,38 @@ function healthCell(checks) {
   ];
 }
 
-function nodeRow(n) {
+// Each node's newest `aicluster doctor` verdict (reports come newest first): fail when the
+// report failed the node, else the worst verdict of its own checks (core.doctor).
+const DOCTOR_ORDER = ["not_applicable", "unjudged", "ok", "warn", "fail"];
+
+export function doctorByNode(reports) {
+  const out = new Map();
+  for (const r of reports) {
+    for (const id of r.nodes || []) {
+      if (out.has(id)) continue;
+      const own = ((r.report && r.report.checks) || []).filter((c) => c.node === id && !c.peer);
+      let verdict = (r.failing_nodes || []).includes(id) ? "fail" : "unjudged";
+      for (const c of own) {
+        if (DOCTOR_ORDER.indexOf(c.verdict) > DOCTOR_ORDER.indexOf(verdict)) verdict = c.verdict;
+      }
+      const failing = own.filter((c) => c.verdict === "fail").map((c) => c.check);
+      out.set(id, { verdict, at: r.created_at, failing });
+    }
+  }
+  return out;
+}
+
+function doctorCell(d) {
+  if (!d) return h("span", { class: "muted" }, "—");
+  const tone = d.verdict === "fail" ? "bad-text" : d.verdict === "ok" ? null : "muted";
+  return [
+    h("span", { testid: "node-doctor", class: tone }, d.verdict),
+    h("span", { class: "muted" }, " · " + since(d.at) + " ago"),
+    d.failing.length ? h("div", { class: "reason", testid: "node-doctor-failing" }, d.failing.join(", ")) : null,
+  ];
+}
+
+function nodeRow(n, doctor) {
   const state = nodeState(n);
   const alloc = n.allocated || {};
   return h("tr", { testid: "node-row", data: { nodeId: n.node_id }, class: isDown(n) ? "down" : null },
@@ -98,6 +129,7 @@ function nodeRow(n) {
       h("span", { testid: "node-gpus-total" }, num(n.gpus))),
     h("td", { testid: "node-gpu-model" }, n.gpu_model || "—"),
     h("td", null, healthCell(n.checks)),
+    h("td", null, doctorCell(doctor)),
     h("td", { class: "labels" }, labelChips(n.labels)));
 }
 
@@ -114,7 +146,8 @@ export class OverviewView {
   mount(el) { this.el = el; fill(el, h("p", { class: "muted" }, "loading…")); }
 
   async refresh() {
-    const nodes = await this.api.nodes();
+    const [nodes, reports] = await Promise.all([this.api.nodes(), this.api.doctorReports()]);
+    const doctor = doctorByNode(reports);
     nodes.sort((a, b) => (a.pool + a.name).localeCompare(b.pool + b.name));
     const g = gpuCounts(nodes);
     const cpu = cpuCounts(nodes);
@@ -146,8 +179,8 @@ export class OverviewView {
       section("Nodes", table(
         [{ title: "node" }, { title: "pool" }, { title: "state" }, { title: "CPUs", cls: "num" },
           { title: "memory", cls: "num" }, { title: "GPUs", cls: "num" }, { title: "GPU model" },
-          { title: "health checks" }, { title: "labels" }],
-        nodes.map(nodeRow), { testid: "nodes-table" })));
+          { title: "health checks" }, { title: "doctor" }, { title: "labels" }],
+        nodes.map((n) => nodeRow(n, doctor.get(n.node_id))), { testid: "nodes-table" })));
   }
 }
 
