@@ -36,6 +36,7 @@ decisions = logging.getLogger("aicluster.decisions")  # the operator's log (cont
 
 
 FOLLOWER_TABLE_S = 1.0  # how often a follower re-reads the endpoint table
+SHUTDOWN_GRACE_S = 3.0  # what requests in flight get once the control plane is told to stop
 
 
 def bootstrap_admin(store, home: Path) -> None:
@@ -463,6 +464,9 @@ class ControlPlane:
             log_level="warning",
             access_log=False,
             use_colors=False,
+            # Stopping, requests in flight get this long: a gateway's long poll is cut
+            # (it polls again, another replica or this one restarted), not waited out.
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
             **plain,
         )
         try:

@@ -183,15 +183,43 @@ def _running(p: psutil.Process) -> bool:
         return False
 
 
+# Ray's own daemons, by what their command lines hold: they hold nothing of a workload's,
+# and the raylet and GCS sit out SIGTERM for many seconds, so once only they are left
+# they get SIGKILL at once.
+_RAY_DAEMONS = (
+    "/ray/core/src/ray/raylet/raylet",
+    "/ray/core/src/ray/gcs/gcs_server",
+    "/ray/dashboard/",
+    "/ray/_private/log_monitor.py",
+    "/ray/autoscaler/_private/monitor.py",
+    "ray::RuntimeEnvAgent",
+    "ray::DashboardAgent",
+)
+
+
+def _ray_daemon(p: psutil.Process) -> bool:
+    try:
+        line = " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return True  # gone or going: nothing to wait for
+    return any(d in line for d in _RAY_DAEMONS)
+
+
 def kill_installation(home: Path, grace: float = 10.0) -> int:
-    """Terminate every process of this installation; return how many there were."""
+    """Terminate every process of this installation; return how many there were.
+    Workloads and workers get up to `grace` seconds after SIGTERM; Ray's daemons no
+    more than that, and nothing once they are all that is left."""
     procs = installation_processes(home)
     for p in procs:
         try:
             p.send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
+    deadline, alive = time.monotonic() + grace, procs
+    while alive and time.monotonic() < deadline:
+        _, alive = psutil.wait_procs(alive, timeout=0.2)
+        if all(_ray_daemon(p) for p in alive):
+            break
     for p in alive:
         try:
             p.kill()
