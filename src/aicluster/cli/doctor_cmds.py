@@ -40,12 +40,11 @@ from aicluster.cli.common import TokenOpt, UrlOpt, cli_errors, make_client
 from aicluster.client import artifacts
 from aicluster.client.api import TERMINAL, ApiError, Client, node_action
 from aicluster.core import doctor as dr
+from aicluster.planner.assumptions import MATMUL_EFFICIENCY
 
-MATMUL_EFFICIENCY = 0.6
-"""Share of the datasheet's dense bf16 TFLOPS a large (8192^2) GEMM must reach: an
-assumption of this tool (vendor GEMM benchmarks are well above it on healthy GPUs, and a
-throttled or mis-clocked GPU falls far below); the other floors are the plan's own
-assumptions (`network_efficiency`, `bandwidth_efficiency`)."""
+# gpu_matmul's floor is MATMUL_EFFICIENCY of the datasheet (planner.assumptions, shared
+# with `aicluster plan --calibrate`); the other floors are the plan's own assumptions
+# (`network_efficiency`, `bandwidth_efficiency`).
 
 
 def SizeOpt(name: str, what: str):  # reads as the typer.Option it returns

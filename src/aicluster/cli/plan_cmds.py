@@ -5,12 +5,16 @@ Invariants:
   reads files, talks to the API (only with --cluster) and prints.
 - A bad spec (shape, unknown catalog name, incomplete override) prints every issue with
   its field and line in red on stderr and exits 2; a failed API call exits 1.
+- `--calibrate doctor.json` plans with the figures `aicluster doctor -o json` measured
+  (planner.calibrate); a bad report exits 2 with `error: --calibrate: FIELD: ...`, and the
+  plan's `calibration` section names every figure replaced, measured and datasheet.
 - `-o json` prints the plan dict alone on stdout; `--report PATH` writes Markdown, or HTML
   when PATH ends in .html/.htm, and says so on stderr.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
@@ -26,6 +30,7 @@ from aicluster.cli import output as out
 from aicluster.cli.config import load_client_config
 from aicluster.client import ApiError, Client
 from aicluster.planner import report as rep
+from aicluster.planner.calibrate import CalibrationError, calibrate
 from aicluster.planner.catalog import load_catalog
 from aicluster.planner.inputs import PlanInputError, resolve
 from aicluster.planner.inventory import fit_inventory
@@ -84,6 +89,26 @@ def load_plan(path: Path) -> tuple[PlanSpec, object]:
         raise SpecError(str(path), issues) from None
 
 
+def read_calibration(path: Path) -> dict:
+    """The parsed `aicluster doctor -o json` report; typer.Exit(2) naming --calibrate."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise _bad_calibration(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise _bad_calibration(f"{path}: not a text file") from None
+    except json.JSONDecodeError as exc:
+        raise _bad_calibration(
+            f"{path}: not JSON ({exc.msg} at line {exc.lineno}); "
+            "expected the output of `aicluster doctor -o json`"
+        ) from None
+
+
+def _bad_calibration(message: str) -> typer.Exit:
+    out.print_error(f"error: --calibrate: {message}")
+    return typer.Exit(2)
+
+
 def _print_rows(title: str, rows: list[dict]) -> None:
     if not rows:
         return
@@ -105,6 +130,11 @@ def print_plan(d: dict) -> None:
     _print_rows("Serving", rep.serve_rows(d))
     _print_rows("Training", rep.train_rows(d))
     _print_rows("Cluster", [{"": k, "value": v} for k, v in rep.cluster_rows(d)])
+    if d.get("calibration"):
+        _print_rows(f"Calibration (from {d['calibration']['source']})", rep.calibration_rows(d))
+        for note in d["calibration"]["notes"]:
+            con.print(Text(f"  note: {note}", style="dim"))
+        con.print()
     con.print(Text("Pitfalls", style="bold"))
     for p in d["pitfalls"] or [
         {"severity": "info", "code": "none", "workload": None, "message": "none found"}
@@ -178,11 +208,27 @@ def plan(
     ] = False,
     url: Annotated[str | None, typer.Option("--url", help="API URL (with --cluster)")] = None,
     token: Annotated[str | None, typer.Option("--token", help="API token (with --cluster)")] = None,
+    calibrate_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--calibrate",
+            help="an `aicluster doctor -o json` report: plan with its measured figures",
+        ),
+    ] = None,
 ) -> None:
     """Size a cluster: memory, parallelism, replicas, network, storage, power, cost."""
+    doctor_report = read_calibration(calibrate_from) if calibrate_from is not None else None
     with _errors():
         _, inputs = load_plan(file)
+        calibration = None
+        if doctor_report is not None:
+            try:
+                inputs, calibration = calibrate(inputs, doctor_report)
+            except CalibrationError as err:
+                raise _bad_calibration(f"{calibrate_from}: {err}") from None
         d = plan_to_dict(make_plan(inputs))
+        if calibration is not None:
+            d["calibration"] = {"source": str(calibrate_from), **calibration.to_dict()}
         if cluster:
             cfg = load_client_config(url, token)
             with Client(cfg.url, cfg.token) as c:

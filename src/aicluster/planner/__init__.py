@@ -12,7 +12,9 @@
   same questions against a live cluster's node list (plain dicts). Each formula is
   documented next to its code with its source; the figures come from the catalog.
 - `report`: Markdown and HTML reports of `plan.plan_to_dict` output (pure formatting).
+- `calibrate`: `aicluster doctor`'s measured figures in place of assumed efficiencies.
 
-Imports only `spec` helpers from the rest of aicluster: no scheduling (`core`), store,
-engine, control or API. `aicluster plan` (`cli/plan_cmds.py`) is the command on top.
+Imports only `spec` helpers from the rest of aicluster, and `core.doctor`'s pure judgement
+(for `calibrate`): no scheduling (the rest of `core`), store, engine, control or API.
+`aicluster plan` (`cli/plan_cmds.py`) is the command on top.
 """

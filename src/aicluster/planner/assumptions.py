@@ -11,6 +11,11 @@ from dataclasses import asdict, dataclass
 
 HOURS_PER_MONTH = 730.0  # 8760 h / 12
 BTU_PER_HOUR_PER_WATT = 3.412142  # NIST SP 811, Appendix B.8: 1 W = 3.412 142 BTU_IT/h
+MATMUL_EFFICIENCY = 0.6
+"""Share of the datasheet's dense bf16 TFLOPS a large (8192^2) GEMM of a healthy GPU reaches
+at least: an assumption (vendor GEMM benchmarks are well above it on healthy GPUs, and a
+throttled or mis-clocked GPU falls far below). `aicluster doctor --expect` judges its
+gpu_matmul against it; `aicluster plan --calibrate` scales MFU by a GPU's shortfall from it."""
 
 
 @dataclass(frozen=True)
@@ -19,6 +24,10 @@ class Assumptions:
     """Model FLOPs utilisation for training; None: by model size and GPU class from published
     runs (`aicluster.planner.mfu`: Llama 2 on A100 0.44-0.49, Llama 3.1 on H100 0.17 (8B) to
     0.41 (405B)). PaLM 540B reached 46.2% (Chowdhery et al. 2022, Table 3)."""
+    mfu_scale: float = 1.0
+    """Multiplies the MFU (`mfu` or the table), at most 1: `aicluster plan --calibrate`
+    sets it to a GPU's measured bf16 matmul over the healthy floor (`MATMUL_EFFICIENCY`)
+    when the GPU falls short of it (`aicluster.planner.calibrate`)."""
     goodput: float = 0.90
     """Share of wall-clock time a training run makes progress (the rest: failures, restarts,
     evaluation). Llama 3 405B: "higher than 90% effective training time" over a 54-day

@@ -121,6 +121,24 @@ def train_rows(d: dict) -> list[dict]:
     return rows
 
 
+def calibration_rows(d: dict) -> list[dict]:
+    """`--calibrate`: each planner figure replaced, the measurement and the datasheet."""
+    rows = []
+    for c in (d.get("calibration") or {}).get("items", []):
+        spread = f" ({c['low']:.4g}-{c['high']:.4g})" if c["samples"] > 1 else ""
+        rows.append(
+            {
+                "uses": c["uses"],
+                "was": f"{c['before']:.4g}",
+                "now": f"{c['after']:.4g}" + (" (clamped)" if c["clamped"] else ""),
+                "measured": f"{c['figure']} {c['measured']:.4g} {c['unit']}, median of "
+                f"{c['samples']}{spread}",
+                "datasheet": f"{c['datasheet']:.4g} {c['unit']} ({c['datasheet_source']})",
+            }
+        )
+    return rows
+
+
 def cluster_rows(d: dict) -> list[tuple[str, str]]:
     t, net = d["totals"], d["network"]
     pools = ", ".join(f"{p['nodes']} x {p['node']} for {p['role']}" for p in d["pools"])
@@ -362,6 +380,10 @@ def markdown(d: dict, with_charts: bool = True) -> str:
     if d.get("warnings"):
         out += ["", "## Warnings (implausible inputs)", ""]
         out += [f"- `{w['field']}`: {w['message']}" for w in d["warnings"]]
+    if d.get("calibration"):
+        source = d["calibration"].get("source", "a doctor report")
+        out += ["", f"## Calibration (from {source})", ""]
+        out += _md_table(calibration_rows(d)) + [f"- {n}" for n in d["calibration"]["notes"]]
     out += ["", "## Assumptions", ""] + [f"- `{k}` = {v}" for k, v in d["assumptions"].items()]
     out += ["", "## Sources", ""] + [f"- {k}: {v}" for k, v in _sources(d)]
     out += [
@@ -428,6 +450,10 @@ def html_report(d: dict) -> str:
         parts.append("</ul>")
     parts.append("<h2>Charts</h2>")
     parts += charts(d)
+    if d.get("calibration"):
+        source = d["calibration"].get("source", "a doctor report")
+        parts += [f"<h2>Calibration (from {e(source)})</h2>", _html_table(calibration_rows(d))]
+        parts += ["<ul>", *(f"<li>{e(n)}</li>" for n in d["calibration"]["notes"]), "</ul>"]
     parts.append("<h2>Assumptions</h2><ul>")
     parts += [f"<li><code>{e(k)}</code> = {e(str(v))}</li>" for k, v in d["assumptions"].items()]
     parts.append("</ul><h2>Sources</h2><ul>")

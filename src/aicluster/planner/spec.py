@@ -415,6 +415,7 @@ class Constraints(Strict):
     mfu: Fraction | None = Field(
         default=None, description="training MFU; default by model size and GPU class"
     )
+    mfu_scale: Fraction | None = None
     goodput: Fraction | None = Field(
         default=None, description="share of wall time a run makes progress; default 0.9"
     )

@@ -187,8 +187,9 @@ def flops_per_token(r: TrainRequest) -> float:
 
 
 def run_mfu(r: TrainRequest, a: Assumptions) -> float:
-    """The MFU planned: `constraints.mfu`, else by model size and GPU class (`mfu`)."""
-    return a.mfu or table_mfu(param_counts(r.model).total, r.gpu.bf16_tflops)
+    """The MFU planned: `constraints.mfu`, else by model size and GPU class (`mfu`), times
+    `mfu_scale` (1 unless calibrated)."""
+    return (a.mfu or table_mfu(param_counts(r.model).total, r.gpu.bf16_tflops)) * a.mfu_scale
 
 
 def training_flops(r: TrainRequest) -> float:
