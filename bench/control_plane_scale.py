@@ -307,21 +307,31 @@ def run_ticks(ctrl: Controller, store, engine: SimEngine, ticks: int, deadline: 
             incremental.append(time.perf_counter() - t)
 
     ctrl.pending.refresh = timed_refresh  # the bench times the loop's own call
-    tick_s, cpu_s, full_s = [], [], []
+    tick_s, cpu_s, full_s, events = [], [], [], []
     before = engine.launches
     for _ in range(ticks):
         if time.monotonic() > deadline:
             break
+        written = _event_count(store)
         t, c = time.perf_counter(), time.thread_time()
         ctrl.tick()
         tick_s.append(time.perf_counter() - t)
         cpu_s.append(time.thread_time() - c)
+        events.append(_event_count(store) - written)
         t = time.perf_counter()
         store.list_jobs(statuses=[JobStatus.PENDING], limit=None)  # the old way, each tick
         full_s.append(time.perf_counter() - t)
     while any(not f.done() for f in ctrl.launching.values()):
         time.sleep(0.01)
-    return tick_s, cpu_s, incremental, full_s, engine.launches - before
+    return tick_s, cpu_s, incremental, full_s, engine.launches - before, events
+
+
+def _event_count(store) -> int:
+    """Events in the store (how many a tick wrote: the event table's growth at scale)."""
+    from sqlalchemy import func, select
+
+    with store._session() as s:
+        return s.scalar(select(func.count()).select_from(EventRow))
 
 
 def main() -> None:
@@ -376,7 +386,7 @@ def main() -> None:
 
 
 def report(args, source, preload_s, rate, submit_lat, ticks, lists):
-    tick_s, cpu_s, incr_s, full_s, admitted = ticks
+    tick_s, cpu_s, incr_s, full_s, admitted, events = ticks
     later, cpu = (tick_s[1:], cpu_s[1:]) if len(tick_s) > 1 else (tick_s, cpu_s)
     incr_s = incr_s[1:] if len(incr_s) > 1 else incr_s  # the first refresh reads them all
     ms = 1000.0
@@ -414,6 +424,12 @@ def report(args, source, preload_s, rate, submit_lat, ticks, lists):
     print(  # what GET /v1/queue read on every call before it was paged: every pending job
         f"  full pending read / /v1/queue page (p50): {pct(full_s, 50) / pct(queue_page, 50):.0f}x"
     )
+    if len(events) > 1:
+        after = events[1:]
+        print(
+            f"  events written per tick, after the first: p50 {pct(after, 50):.0f}, "
+            f"max {max(after)} (first tick {events[0]}; {admitted} admissions in all)"
+        )
     print(f"  tick p99 (after the first) / goal 250 ms: {pct(later, 99) * ms / 250:.2f}")
     print(f"  submit rate / goal 1000 jobs/s:         {rate / 1000:.2f}")
     worst = max(pct(v, 99) for k, v in lists.items() if not k.startswith("baseline"))
