@@ -21,6 +21,14 @@ Invariants:
   the boundary: a client that may write the staging folder could write anywhere in
   the storage. Every read verifies the bytes (clients, node caches), and
   `ArtifactStore.scrub` re-verifies storage at rest.
+- With `read_back` (the storage's `verify: read`, for stores that ignore checksums),
+  publishing also reads the staged bytes and hashes them: a blob whose bytes do not
+  hash to its digest is never published (its staged copy is deleted). On S3 the bytes
+  are first copied server-side to a key no grant names and that copy is hashed and
+  published, so a PUT to the staging key in between changes nothing; on a folder, whose
+  writers the filesystem already trusts, it catches a faulty client, not a hostile one.
+  This reads each uploaded byte once more, in the control plane: the price of a store
+  that checks nothing.
 - A read grant names only the blobs of one version the caller may read; a
   presigned URL is for one key, so it cannot be turned into another blob's.
 """
@@ -28,22 +36,34 @@ Invariants:
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
 GRANT_TTL_S = 3600
+READ_BACK_CHUNK = 1 << 20
 STAGING_PREFIX = "up-"
 
 
 class PublishRefused(ValueError):
-    """A staged blob cannot be published (missing, or of the wrong size)."""
+    """A staged blob cannot be published (missing, of the wrong size, or, read back,
+    of other bytes than its digest says)."""
 
 
 def _b64(digest: str) -> str:
     return base64.b64encode(bytes.fromhex(digest)).decode()
+
+
+def _check_hash(digest: str, chunks: Iterable[bytes]) -> None:
+    h = hashlib.sha256()
+    for chunk in chunks:
+        h.update(chunk)
+    if h.hexdigest() != digest:
+        raise PublishRefused(f"blob {digest}: the staged bytes hash to {h.hexdigest()}")
 
 
 class LocalDirect:
@@ -51,8 +71,8 @@ class LocalDirect:
 
     kind = "file"
 
-    def __init__(self, root: str, fsync: bool):
-        self.root, self.fsync = Path(root), fsync
+    def __init__(self, root: str, fsync: bool, read_back: bool = False):
+        self.root, self.fsync, self.read_back = Path(root), fsync, read_back
 
     def _blob(self, digest: str) -> Path:
         return self.root / "blobs" / digest[:2] / digest
@@ -78,6 +98,13 @@ class LocalDirect:
         if final.exists():
             staged.unlink(missing_ok=True)
             return
+        if self.read_back:
+            try:
+                with open(staged, "rb") as f:
+                    _check_hash(digest, iter(lambda: f.read(READ_BACK_CHUNK), b""))
+            except PublishRefused:
+                staged.unlink(missing_ok=True)
+                raise
         final.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(staged, 0o444)
         os.replace(staged, final)
@@ -109,8 +136,9 @@ class S3Direct:
 
     kind = "s3"
 
-    def __init__(self, client, bucket: str, prefix: str, ttl_s: int = GRANT_TTL_S):
+    def __init__(self, client, bucket: str, prefix: str, ttl_s: int = GRANT_TTL_S, read_back=False):
         self.client, self.bucket, self.prefix, self.ttl_s = client, bucket, prefix, ttl_s
+        self.read_back = read_back
 
     def _key(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)
@@ -158,9 +186,28 @@ class S3Direct:
                 raise PublishRefused(f"blob {digest}: staged {got} bytes, declared {size}")
             final = self._blob(digest)
             if self._size(final) is None:
-                self._copy(staged, final, size)
+                if self.read_back:
+                    self._publish_checked(staged, final, digest, size)
+                else:
+                    self._copy(staged, final, size)
         finally:
             self.client.delete_object(Bucket=self.bucket, Key=staged)
+
+    def _publish_checked(self, staged: str, final: str, digest: str, size: int) -> None:
+        """`verify: read`: copy the staged object to a key no grant names (so the bytes
+        checked are the bytes published, whatever the grant's holder PUTs meanwhile),
+        hash that copy, and only then give it its content address."""
+        private = self._key("tmp", "verify", f"{uuid.uuid4().hex}-{digest}")
+        try:
+            self._copy(staged, private, size)
+            got = self.client.get_object(Bucket=self.bucket, Key=private)["Body"]
+            try:
+                _check_hash(digest, got.iter_chunks(READ_BACK_CHUNK))
+            finally:
+                got.close()
+            self._copy(private, final, size)
+        finally:
+            self.client.delete_object(Bucket=self.bucket, Key=private)
 
     def _copy(self, src: str, dst: str, size: int) -> None:
         """A server-side copy (multipart above 5 GiB, the limit of one CopyObject)."""
