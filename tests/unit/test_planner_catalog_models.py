@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from aicluster.planner.catalog import load_catalog
+from aicluster.planner.catalog import load_catalog, load_catalog_data
 from aicluster.planner.inputs import resolve
 from aicluster.planner.memory import kv_bytes_per_sequence, kv_bytes_per_token, param_counts
 from aicluster.planner.plan import make_plan, plan_to_dict
@@ -51,7 +51,21 @@ def test_new_gpus_and_nodes():
     assert (b.memory_gib, b.memory_bandwidth_gb_s, b.fp8_tflops) == (180, 8000, 4500)
     assert CAT.get("nodes", "dgx-a100-40gb").gpu == "a100-40gb-sxm"
     assert CAT.get("nodes", "server-8x-a100-pcie").gpus == 8
+    c = CAT.get("gpus", "a100-40gb-pcie")  # A100 datasheet, 40GB PCIe column
+    assert (c.memory_gib, c.memory_bandwidth_gb_s, c.bf16_tflops, c.tdp_w) == (40, 1555, 312, 250)
+    assert c.nvlink_gb_s is None  # its bridge pairs two GPUs: tensor parallel over PCIe
+    assert CAT.get("nodes", "server-8x-a100-40gb-pcie").gpu == "a100-40gb-pcie"
     assert CAT.get("nodes", "dgx-b200").gpu == "b200"
+
+
+def test_every_catalog_entry_names_its_sources():
+    # the issue's rule: every figure with its source (a datasheet, config.json, paper, or
+    # the word "assumption")
+    data = load_catalog_data()
+    for section, entries in data.items():
+        for key, entry in entries.items():
+            sources = entry.get("sources") or {}
+            assert sources and all(str(v).strip() for v in sources.values()), (section, key)
 
 
 # --- Gemma 2 / Gemma 3 (alternating local and global attention) and DeepSeek-V3 (MLA, MoE)
@@ -81,6 +95,28 @@ def test_gemma_3_parameters_against_its_report(key, embedding, non_embedding):
     c = param_counts(CAT.get("models", key))
     assert c.total - c.embedding == pytest.approx(non_embedding, rel=0.001)
     assert c.embedding == pytest.approx(embedding, rel=0.01)  # the report's vocab rounds up
+
+
+def test_non_embedding_parameters_against_a_model_card_and_in_the_plan():
+    # Qwen2.5-7B-Instruct model card (huggingface.co/Qwen/Qwen2.5-7B-Instruct): "Number of
+    # Parameters: 7.61B", "Number of Paramaters (Non-Embedding): 6.53B" (untied: embedding
+    # and LM head of 152,064 x 3,584 each, 1.09B, both left out)
+    c = param_counts(CAT.get("models", "qwen2.5-7b"))
+    assert c.non_embedding == pytest.approx(6.53e9, rel=0.005)
+    d = plan_to_dict(
+        make_plan(
+            resolve(
+                load_plan_spec_text(
+                    "kind: plan\nname: p\nserve:\n  - {name: s, model: qwen2.5-7b}\n"
+                    "train:\n  - {name: t, model: gemma-3-12b, tokens: 1B}\n"
+                ),
+                CAT,
+            )
+        )
+    )
+    assert d["serve"][0]["non_embedding_params"] == pytest.approx(c.non_embedding)
+    # Gemma 3 12B (tied): the report's 10,759M non-embedding (planner 10,758.8M)
+    assert d["train"][0]["non_embedding_params"] == pytest.approx(10_759e6, rel=0.001)
 
 
 def test_deepseek_v3_activated_parameters():

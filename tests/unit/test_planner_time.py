@@ -57,9 +57,15 @@ def test_calibration_runs_gpu_hours(model, gpu, tokens, seq, published, source):
 def test_held_out_llama_2_34b_gpu_hours():
     # Not a table row: Llama 2 34B, 1,038,336 A100 GPU hours for 2.0T tokens (LLAMA2, Table 2).
     # Shape as Code Llama 34B's config.json: 48 layers, 8192 hidden, 64 heads, 8 KV heads,
-    # 22016 intermediate, 32000 vocabulary. Planner: 0.889M (-14%): the 34B run reached a
-    # lower MFU (~0.39) than its neighbours; the table interpolates 0.45. Outside the 10%
-    # goal, kept as a held-out check (not tuned to it).
+    # 22016 intermediate, 32000 vocabulary. Planner: 0.889M (-14%), the one training point
+    # outside the 10% goal, kept as a held-out check (no constant is tuned to it).
+    # Why: the 34B is the one Llama 2 run on the other cluster. The paper (Sec. 2.2.1)
+    # trained on Meta's RSC (InfiniBand, GPUs capped at 400 W) and on production clusters
+    # (RoCE, 350 W cap), and Table 2 gives 350 W for the 34B alone (its carbon column
+    # agrees: tCO2eq / (hours x W) is one intensity for all four rows only with 350 W for
+    # the 34B). The table rows (7B, 13B, 70B) are all 400 W runs. The planner has no power cap or RoCE axis and no published figure for what a
+    # 350 W cap costs an A100 in training, so the gap is documented, not modelled. GQA does
+    # not explain it: the 70B has it too, and the shape here has 8 KV heads.
     m = ModelShape(
         key="llama-2-34b",
         name="Llama 2 34B",
@@ -70,7 +76,9 @@ def test_held_out_llama_2_34b_gpu_hours():
         intermediate_size=22016,
         vocab_size=32000,
     )
-    assert gpu_hours(m, "a100-80gb-sxm", 2e12, 4096) == pytest.approx(1_038_336, rel=0.15)
+    hours = gpu_hours(m, "a100-80gb-sxm", 2e12, 4096)
+    assert hours == pytest.approx(1_038_336, rel=0.15)
+    assert hours / 1_038_336 - 1 == pytest.approx(-0.144, abs=0.005)
 
 
 def test_llama_3_405b_mfu_is_in_the_published_range():

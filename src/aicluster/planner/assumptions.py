@@ -62,6 +62,14 @@ class Assumptions:
     (5000 in / 500 out, ITL 18.58 ms; docs.nvidia.com/nim/benchmarking/llm/1.0.0/performance)
     once the weight read (13.56 ms), the KV read and 160 all-reduces at TP 2's alpha
     (3.11 ms) are charged: 1.75 ms / 80 layers."""
+    step_overhead_us: float = 0.0
+    """Fixed cost of a forward step independent of the layers (the engine's scheduling,
+    input preparation and sampling on the CPU), microseconds. 0: the per-layer figure above,
+    fitted to NIM (TensorRT-LLM), holds it all. Python-scheduled engines pay more per step:
+    vLLM's nightly latency benchmark (buildkite.com/vllm/performance-benchmark/builds/9515,
+    H200, batch 8, 32 in / 128 out) implies 1,570 us on its Llama 3.1 8B TP1 run, which then
+    puts its Llama 3 70B TP4 and Mixtral 8x7B TP2 runs within 3% (tests/unit/
+    test_planner_moe_serving.py); set it for such a stack."""
     gpu_memory_utilization: float = 0.90
     """Share of GPU memory an inference engine may use: vLLM's default
     `gpu_memory_utilization=0.9` (vLLM engine arguments documentation)."""

@@ -7,7 +7,8 @@ model's `max_context`; `tensor_parallel` that does not split the attention and K
 evenly (vLLM and Megatron-LM shard heads over tensor-parallel ranks); `pipeline_parallel`
 over the layer count; a fixed `gpus` that is not a multiple of tensor x pipeline x context x
 expert parallel; `context_parallel` that does not cut the sequence into 2·cp equal chunks;
-`expert_parallel` on a dense model or one that does not divide the experts;
+`expert_parallel` on a dense model or one that does not divide the experts (serving: also
+not equal to `tensor_parallel`, wider than a node, or not splitting the heads);
 `params` no bigger than the embeddings alone; a global batch under one sequence.
 
 Warnings (the plan is made, the report lists them): training longer than `max_context`,
@@ -122,6 +123,37 @@ def serve_findings(
                 f"{model_where}.max_context if its context was extended",
             )
         )
+    errors += expert_findings(w, where, m, model_where)
+    ep, tp = w.expert_parallel, w.tensor_parallel
+    if ep and ep > 1 and m.is_moe and not m.experts % ep:
+        if tp and tp != ep:
+            errors.append(
+                (
+                    f"{where}.expert_parallel",
+                    f"expert_parallel {ep} differs from tensor_parallel {tp}: a replica splits "
+                    "its experts over its tensor-parallel ranks (vLLM's --enable-expert-parallel"
+                    f"); use expert_parallel {tp}, or leave tensor_parallel unset",
+                )
+            )
+        elif ep > node.gpus:
+            errors.append(
+                (
+                    f"{where}.expert_parallel",
+                    f"expert_parallel {ep} is more than the {node.gpus} GPUs of a "
+                    f"{node.name}: a serving replica keeps its experts in one node (expert "
+                    "parallelism across nodes with data-parallel attention is not planned)",
+                )
+            )
+        elif not tp and not m.splits_heads(ep):
+            errors.append(
+                (
+                    f"{where}.expert_parallel",
+                    f"expert_parallel {ep} sets tensor_parallel {ep}, which does not split the "
+                    f"heads of {m.name} (attention_heads {m.attention_heads}, kv_heads "
+                    f"{m.n_kv_heads}): use one of {_tp_values(m, node.gpus)} that divides "
+                    f"the {m.experts} experts",
+                )
+            )
     if w.kv_precision is not None:
         warnings.append(
             (f"{where}.kv_precision", "kv_precision is the older name of kv_cache_dtype")
@@ -188,7 +220,7 @@ def context_expert_findings(
 ) -> list[Finding]:
     """context_parallel against the sequence, expert_parallel against the experts."""
     errors: list[Finding] = []
-    cp, ep = w.context_parallel, w.expert_parallel
+    cp = w.context_parallel
     if cp and cp > 1 and w.sequence_length % (2 * cp):
         seq = w.sequence_length
         lower = max(2 * cp, seq // (2 * cp) * 2 * cp)
@@ -203,6 +235,15 @@ def context_expert_findings(
                 f"context_parallel one of {', '.join(fits)}",
             )
         )
+    return errors + expert_findings(w, where, m, model_where)
+
+
+def expert_findings(
+    w: ServeWorkload | TrainWorkload, where: str, m: ModelShape, model_where: str
+) -> list[Finding]:
+    """expert_parallel against the model's experts."""
+    errors: list[Finding] = []
+    ep = w.expert_parallel
     if ep and ep > 1 and not m.is_moe:
         errors.append(
             (

@@ -11,17 +11,25 @@ Inference", arXiv:2211.05102, Sec. 2-3):
   2 FLOPs per active parameter per sequence plus the attention over its context
   (Kaplan et al. 2020, arXiv:2001.08361, Table 1: C_forward = 2N + 2·L·n_ctx·d_attn);
   its time is the larger of bytes / (bandwidth) and FLOPs / (peak FLOP/s);
-- every forward step pays a fixed cost per layer (`step_overhead_per_layer_us`) and,
-  with tensor parallelism t, 2 all-reduces per layer of alpha + beta·bytes (alpha =
-  `allreduce_latency_us` at t = 4, `allreduce_latency_per_doubling_us` more per doubling;
-  beta over NVLink x `nvlink_efficiency`);
+- every forward step pays a fixed cost per layer (`step_overhead_per_layer_us`) plus one
+  per step (`step_overhead_us`, the engine's CPU work) and, with tensor parallelism t, 2
+  all-reduces per layer of alpha + beta·bytes (alpha = `allreduce_latency_us` at t = 4,
+  `allreduce_latency_per_doubling_us` more per doubling; beta over NVLink x
+  `nvlink_efficiency`);
+- expert parallelism in serving (`expert_parallel` = t, vLLM's --enable-expert-parallel):
+  each of the t ranks holds E/t whole routed experts instead of 1/t of every expert; an MoE
+  layer's all-reduce becomes a dispatch and a combine all-to-all (`network.all_to_all_s`)
+  and an all-gather; a decode step lasts as long as the rank that must read the most
+  touched experts (`busiest_rank_experts`), so at small batch EP reads more than TP;
 - a prefill of P tokens is the same forward pass over P tokens: compute-bound;
 - under load (B-1)/O of the steps also carry a prompt's prefill (`loaded_tpot_s`); such a
   step reads the weights once for both (`mixed_step_s`), so TPOT at batch B is
   step(B) + ((B-1)/O)·(mixed(B, P) - step(B)); a replica serves B / (ttft + O · TPOT) requests/s.
 Units: seconds, bytes, FLOPs. Calibration: the per-layer and all-reduce fixed costs are
 fitted to one NVIDIA NIM point and the NeMo TP sweep (see `Assumptions`); tests check the
-other published points (tests/unit/test_planner_latency.py).
+other published points (tests/unit/test_planner_latency.py); a Python-scheduled engine's
+per-step cost (`step_overhead_us`) and an MoE model's decode against vLLM's benchmark are in
+tests/unit/test_planner_moe_serving.py.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ from aicluster.planner.memory import (
     param_counts,
     weight_bytes,
 )
+from aicluster.planner.network import Links, all_to_all_s
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,7 @@ class ServeRequest:
     tpot_s: float | None = None
     tensor_parallel: int | None = None
     pipeline_parallel: int | None = None
+    expert_parallel: int = 1
     min_replicas: int = 1
 
 
@@ -79,6 +89,7 @@ class ServeOption:
     replicas: int
     latency_ok: bool
     memory_per_gpu: dict[str, float] = field(default_factory=dict)
+    ep: int = 1
 
     @property
     def gpus_per_replica(self) -> int:
@@ -132,6 +143,40 @@ def weights_read_per_step(m: ModelShape, precision: str, batch: int) -> float:
     return total - routed + routed * touched
 
 
+def busiest_rank_experts(experts: int, active: int, batch: int, ep: int) -> float:
+    """Expected routed experts of one MoE layer that the busiest of `ep` ranks reads in a
+    step of `batch` tokens, each rank holding m = experts/ep whole experts.
+
+    Uniform routing (assumption, as `weights_read_per_step`): an expert is touched with
+    probability q = 1 - (1 - k/E)^B; a rank's count is taken as Binomial(m, q) (experts
+    independent, an approximation) and the busiest of ep ranks as the maximum of ep such
+    counts: E[max] = sum over j < m of 1 - F(j)^ep, F the binomial CDF. ep = 1 gives E·q.
+    Mixtral (E 8, k 2) at EP 8 and batch 1: one whole expert on the busiest rank (this
+    approximation: 1 - (3/4)^8 = 0.90), where tensor parallelism reads 2/8 of one per rank."""
+    q = 1 - (1 - active / experts) ** max(1, batch)
+    m = experts // max(1, ep)
+    if ep <= 1:
+        return experts * q
+    pmf = [math.comb(m, j) * q**j * (1 - q) ** (m - j) for j in range(m + 1)]
+    cdf, busiest = 0.0, 0.0
+    for j in range(m):
+        cdf += pmf[j]
+        busiest += 1 - min(1.0, cdf) ** ep
+    return busiest
+
+
+def weights_read_per_gpu(m: ModelShape, precision: str, batch: int, tp: int, ep: int = 1) -> float:
+    """Bytes of weights the slowest of a replica's tensor-parallel ranks reads in a step of
+    `batch` tokens: 1/tp of `weights_read_per_step`, or with expert parallelism (ep = tp) 1/tp
+    of the rest and the busiest rank's whole experts (`busiest_rank_experts`)."""
+    if ep <= 1 or not m.is_moe:
+        return weights_read_per_step(m, precision, batch) / tp
+    routed = param_counts(m).routed * bytes_per_param(precision)
+    rest = weight_bytes(m, precision) - routed
+    one_expert = routed / m.experts  # one expert index over every MoE layer
+    return rest / tp + one_expert * busiest_rank_experts(m.experts, m.active_experts, batch, ep)
+
+
 def forward_flops_per_token(m: ModelShape, context: float, absorbed: bool = False) -> float:
     """2·N_active + 2·L·n_ctx·d_attn (Kaplan et al. 2020, Table 1), d_attn the model's
     attention width (`ModelShape.attention_width`; MLA decoding with the absorbed
@@ -141,21 +186,37 @@ def forward_flops_per_token(m: ModelShape, context: float, absorbed: bool = Fals
     return 2 * n_active + 2 * m.layers * kv_tokens(m, context) * width
 
 
-def _tp_comm_s(m: ModelShape, gpu: Gpu, a: Assumptions, tp: int, tokens: float) -> float:
+def _tp_comm_s(r: ServeRequest, a: Assumptions, tp: int, tokens: float) -> float:
     """Two all-reduces of tokens·h·2 bytes per layer (Megatron-LM TP, Shoeybi et al. 2019,
     Sec. 3), each alpha + beta·bytes: alpha = `Assumptions.collective_latency_s(tp)` (grows
     with log2 tp), beta the ring cost 2(t-1)/t over NVLink (per direction = half the total)
-    or PCIe x `nvlink_efficiency`."""
+    or PCIe x `nvlink_efficiency`.
+
+    With expert parallelism (ep = tp) an MoE layer keeps the attention's all-reduce and
+    replaces the MLP's by a dispatch and a combine (`network.all_to_all_s`: each rank sends
+    its tokens/tp, in 16 bits, once to each rank holding one of their experts, over NVLink)
+    and an all-gather of the tokens for the next attention ((t-1)/t of tokens·h·2 bytes)."""
+    m, gpu = r.model, r.gpu
     if tp <= 1:
         return 0.0
     link = (gpu.nvlink_gb_s / 2 if gpu.nvlink_gb_s else gpu.pcie_gb_s) * 1e9 * a.nvlink_efficiency
-    per_call = a.collective_latency_s(tp) + 2 * (tp - 1) / tp * tokens * m.hidden_size * 2 / link
-    return 2 * m.layers * per_call
+    alpha = a.collective_latency_s(tp)
+    act = tokens * m.hidden_size * 2
+    per_call = alpha + 2 * (tp - 1) / tp * act / link
+    ep = r.expert_parallel
+    if ep <= 1 or not m.moe_layers:
+        return 2 * m.layers * per_call
+    links = Links(nvlink_b_s=link, network_b_s=link, alpha_s=a.collective_latency_s(ep))
+    a2a = all_to_all_s(tokens / tp, m.hidden_size, 2, m.experts, m.active_experts, ep, ep, links)
+    gather = alpha + (tp - 1) / tp * act / link
+    moe = m.moe_layers
+    return (2 * (m.layers - moe) + moe) * per_call + moe * (2 * a2a + gather)
 
 
 def _step_overhead_s(m: ModelShape, a: Assumptions) -> float:
-    """Fixed cost of one forward step: `step_overhead_per_layer_us` x layers."""
-    return m.layers * a.step_overhead_per_layer_us * 1e-6
+    """Fixed cost of one forward step: `step_overhead_per_layer_us` x layers +
+    `step_overhead_us`."""
+    return (m.layers * a.step_overhead_per_layer_us + a.step_overhead_us) * 1e-6
 
 
 def decode_step_s(
@@ -167,15 +228,12 @@ def decode_step_s(
     if context is None:
         context = r.prompt_tokens + r.output_tokens / 2
     kv = batch * kv_tokens(r.model, context) * kv_bytes_per_token(r.model, r.kv_precision)
-    bytes_read = weights_read_per_step(r.model, r.precision, batch) + kv
-    mem_s = bytes_read / (tp * r.gpu.memory_bandwidth_gb_s * 1e9 * a.bandwidth_efficiency)
+    ep = r.expert_parallel if tp > 1 else 1
+    per_gpu = weights_read_per_gpu(r.model, r.precision, batch, tp, ep) + kv / tp
+    mem_s = per_gpu / (r.gpu.memory_bandwidth_gb_s * 1e9 * a.bandwidth_efficiency)
     flops = batch * forward_flops_per_token(r.model, context, absorbed=True)
     peak = r.gpu.peak_flops(r.precision) * tp * a.prefill_efficiency
-    return (
-        _step_overhead_s(r.model, a)
-        + max(mem_s, flops / peak)
-        + _tp_comm_s(r.model, r.gpu, a, tp, batch)
-    )
+    return _step_overhead_s(r.model, a) + max(mem_s, flops / peak) + _tp_comm_s(r, a, tp, batch)
 
 
 def prefill_s(r: ServeRequest, a: Assumptions, tp: int) -> float:
@@ -187,9 +245,7 @@ def prefill_s(r: ServeRequest, a: Assumptions, tp: int) -> float:
     weights = weight_bytes(r.model, r.precision) / (
         tp * r.gpu.memory_bandwidth_gb_s * 1e9 * a.bandwidth_efficiency
     )
-    return (
-        _step_overhead_s(r.model, a) + max(compute, weights) + _tp_comm_s(r.model, r.gpu, a, tp, p)
-    )
+    return _step_overhead_s(r.model, a) + max(compute, weights) + _tp_comm_s(r, a, tp, p)
 
 
 def mixed_step_s(r: ServeRequest, a: Assumptions, tp: int, batch: int) -> float:
@@ -201,12 +257,13 @@ def mixed_step_s(r: ServeRequest, a: Assumptions, tp: int, batch: int) -> float:
     m, p = r.model, r.prompt_tokens
     context = r.prompt_tokens + r.output_tokens / 2
     kv = batch * kv_tokens(m, context) * kv_bytes_per_token(m, r.kv_precision)
-    bytes_read = weights_read_per_step(m, r.precision, max(batch, p)) + kv
-    mem_s = bytes_read / (tp * r.gpu.memory_bandwidth_gb_s * 1e9 * a.bandwidth_efficiency)
+    ep = r.expert_parallel if tp > 1 else 1
+    per_gpu = weights_read_per_gpu(m, r.precision, max(batch, p), tp, ep) + kv / tp
+    mem_s = per_gpu / (r.gpu.memory_bandwidth_gb_s * 1e9 * a.bandwidth_efficiency)
     flops = batch * forward_flops_per_token(m, context, absorbed=True)
     flops += p * forward_flops_per_token(m, p / 2)
     compute = flops / (r.gpu.peak_flops(r.precision) * tp * a.prefill_efficiency)
-    return _step_overhead_s(m, a) + max(mem_s, compute) + _tp_comm_s(m, r.gpu, a, tp, batch + p)
+    return _step_overhead_s(m, a) + max(mem_s, compute) + _tp_comm_s(r, a, tp, batch + p)
 
 
 def loaded_tpot_s(r: ServeRequest, a: Assumptions, tp: int, batch: int) -> float:
@@ -289,6 +346,7 @@ def evaluate(r: ServeRequest, a: Assumptions, tp: int, pp: int) -> ServeOption:
             "reserved": overhead,
             "free": max(0.0, r.gpu.memory_bytes - w_gpu - kv_used - overhead),
         },
+        ep=r.expert_parallel if tp > 1 else 1,
     )
 
 
@@ -329,7 +387,12 @@ def plan_serving(r: ServeRequest, a: Assumptions, max_pp: int = 16) -> ServePlan
     meets the latency targets (ties: fewer GPUs per replica). Pipeline stages are tried only
     with whole nodes of tensor parallelism, when one node cannot hold the model."""
     m = r.model
-    tps = [r.tensor_parallel] if r.tensor_parallel else _tp_candidates(m, r.gpus_per_node)
+    if r.tensor_parallel:
+        tps = [r.tensor_parallel]
+    elif r.expert_parallel > 1:  # the experts are split over the tensor-parallel ranks
+        tps = [r.expert_parallel]
+    else:
+        tps = _tp_candidates(m, r.gpus_per_node)
     layouts = [(tp, r.pipeline_parallel or 1) for tp in tps]
     options = [evaluate(r, a, tp, pp) for tp, pp in layouts]
     if not r.pipeline_parallel and not any(o.fits for o in options):

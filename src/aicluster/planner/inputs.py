@@ -304,6 +304,7 @@ def _serve_request(w: ServeWorkload, model: ModelShape, gpu: Gpu, node: NodeShap
         tpot_s=w.tpot_ms / 1000 if w.tpot_ms else None,
         tensor_parallel=w.tensor_parallel,
         pipeline_parallel=w.pipeline_parallel,
+        expert_parallel=w.expert_parallel or 1,
         min_replicas=w.min_replicas,
     )
 

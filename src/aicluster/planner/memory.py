@@ -83,6 +83,12 @@ class ParamCounts:
         return self.embedding + self.lm_head + self.attention + self.mlp_active + self.norms
 
     @property
+    def non_embedding(self) -> float:
+        """All but the input embedding and the LM head, as model cards count "non-embedding"
+        parameters (Qwen2.5-7B: 7.61B, non-embedding 6.53B; Gemma 3 report Table 1)."""
+        return self.total - self.embedding - self.lm_head
+
+    @property
     def linear(self) -> float:
         """Weights of the transformer blocks' matmuls (what quantization shrinks)."""
         return self.attention + self.mlp

@@ -21,6 +21,7 @@ from aicluster.planner.cluster import (
 from aicluster.planner.hardware import Gpu, NodeShape
 from aicluster.planner.inference import ServePlan, plan_serving, throughput_curve
 from aicluster.planner.inputs import PlanInputs
+from aicluster.planner.memory import param_counts
 from aicluster.planner.pitfalls import (
     Pitfall,
     checkpoint_pitfall,
@@ -331,6 +332,7 @@ def _opt(o) -> dict | None:
     return {
         "tensor_parallel": o.tp,
         "pipeline_parallel": o.pp,
+        "expert_parallel": o.ep,
         "gpus_per_replica": o.gpus_per_replica,
         "fits": o.fits,
         "weights_per_gpu_bytes": o.weights_per_gpu,
@@ -363,6 +365,7 @@ def _serve_dict(s: ServeResult) -> dict:
         "sliding_window": r.model.sliding_window,
         "max_context": r.model.max_context,
         "params": sp.params,
+        "non_embedding_params": param_counts(r.model).non_embedding,
         "active_params": sp.active_params,
         "weight_bytes": sp.weight_bytes,
         "kv_bytes_per_token": sp.kv_bytes_per_token,
@@ -408,6 +411,7 @@ def _train_dict(t: TrainResult) -> dict:
         "node": t.node.key,
         "method": r.method,
         "params": tp.params,
+        "non_embedding_params": param_counts(r.model).non_embedding,
         "trainable_params": tp.trainable_params,
         "tokens": r.tokens,
         "flops_per_token": tp.flops_per_token,

@@ -69,6 +69,7 @@ def serve_rows(d: dict) -> list[dict]:
                 "weights": gb(s["weight_bytes"]),
                 "kv/token": kib(s["kv_bytes_per_token"]),
                 "tp x pp": f"{c.get('tensor_parallel', '-')} x {c.get('pipeline_parallel', '-')}"
+                + (f" (ep {c['expert_parallel']})" if c.get("expert_parallel", 1) > 1 else "")
                 if c
                 else "does not fit",
                 "batch": str(c.get("batch", "-")),

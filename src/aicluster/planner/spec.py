@@ -307,6 +307,12 @@ class ServeWorkload(_Workload):
     tpot_ms: PosFloat | None = Field(default=None, description="time per output token target")
     tensor_parallel: PosInt | None = None
     pipeline_parallel: PosInt | None = None
+    expert_parallel: PosInt | None = Field(
+        default=None,
+        description="split a mixture-of-experts model's routed experts whole over this many "
+        "GPUs of a replica (vLLM's --enable-expert-parallel): the tensor-parallel ranks, so "
+        "it sets tensor_parallel; default: experts sliced by tensor parallelism",
+    )
     min_replicas: PosInt = 1
 
     @model_validator(mode="after")
@@ -426,6 +432,7 @@ class Constraints(Strict):
     allreduce_latency_us: Annotated[float, Field(ge=0)] | None = None
     allreduce_latency_per_doubling_us: Annotated[float, Field(ge=0)] | None = None
     step_overhead_per_layer_us: Annotated[float, Field(ge=0)] | None = None
+    step_overhead_us: Annotated[float, Field(ge=0)] | None = None
     gpu_memory_utilization: Fraction | None = None
     runtime_overhead_gib: Annotated[float, Field(ge=0)] | None = None
     engine_non_torch_gib: Annotated[float, Field(ge=0)] | None = None
