@@ -3,7 +3,8 @@
 whose processes check their own world (rank, world size, local rank, node, master, the
 hostfile) and do a gloo all-reduce; under mpi also an MPI_Allreduce (OpenMPI's libmpi
 through ctypes). The selected tests' jobs are submitted at once and run one after the
-other (each takes the whole cluster)."""
+other (each takes the whole cluster). torchrun also runs a gang of 3 with 2 workers on one node and
+1 on the other."""
 
 from __future__ import annotations
 
@@ -173,3 +174,37 @@ def test_the_api_refuses_an_unknown_launcher_naming_the_field(admin):
     assert err.value.status_code == 422
     issue = next(i for i in err.value.issues if i["field"] == "launcher")
     assert "torchrun" in issue["message"] and "mpi" in issue["message"]
+
+
+def test_torchrun_with_unequal_workers_per_node(admin, tmp_path):
+    """3 workers of 2 CPUs on two 4-CPU nodes: 2 on one node, 1 on the other. Each node's
+    torchrun starts its own count (--nproc-per-node 2 and 1); torch's agents agree on the
+    global ranks (node-major), so the world is 3 and the all-reduce sums 1+2+3."""
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "check.py").write_text(CHECK)
+    spec = {
+        "kind": "job",
+        "name": "launch-unequal",
+        "workers": 3,
+        "resources": {"cpus": 2},
+        "working_dir": "work",
+        "launcher": "torchrun",
+        "command": "python check.py torchrun",
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    job = admin.wait(admin.submit_file(tmp_path / "job.yaml")["id"], TERMINAL, timeout=840)
+    logs = [admin.logs(job["id"], rank=r)[0].decode(errors="replace")[-3000:] for r in range(3)]
+    assert job["status"] == "SUCCEEDED", f"{job['reason']}: {job['message']}\n" + "\n".join(logs)
+    worlds = _worlds(admin, job)
+    assert [w["rank"] for w in worlds] == [0, 1, 2], logs
+    assert all(w["world"] == 3 and w["sum"] == 6.0 for w in worlds), "gloo all-reduce"
+    sizes = sorted(job["placement"].count(n) for n in set(job["placement"]))
+    assert sizes == [1, 2], job["placement"]
+    big = 0 if job["placement"].count(job["placement"][0]) == 2 else 1
+    slots = [2, 1] if big == 0 else [1, 2]
+    assert {w["hostfile"] for w in worlds} == {
+        f"aic-node-0 slots={slots[0]}\naic-node-1 slots={slots[1]}\n"
+    }
+    # node-major ranks, each node's local ranks 0..its count-1
+    assert [w["node"] for w in worlds] == [0] * slots[0] + [1] * slots[1]
+    assert [w["local"] for w in worlds] == list(range(slots[0])) + list(range(slots[1]))
