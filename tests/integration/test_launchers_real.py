@@ -3,8 +3,8 @@
 whose processes check their own world (rank, world size, local rank, node, master, the
 hostfile) and do a gloo all-reduce; under mpi also an MPI_Allreduce (OpenMPI's libmpi
 through ctypes). The selected tests' jobs are submitted at once and run one after the
-other (each takes the whole cluster). torchrun also runs a gang of 3 with 2 workers on one node and
-1 on the other."""
+other (each takes the whole cluster). torchrun also runs a gang of 3 with 2 workers on one
+node and 1 on the other."""
 
 from __future__ import annotations
 
