@@ -51,6 +51,15 @@ def test_lines_are_throttled_whatever_the_threads_and_figures_only_grow():
     assert last_line("nothing of ours\n") is None
 
 
+def test_a_ready_line_says_where_its_bytes_came_from():
+    t = [0.0]
+    rep = Reporter("model", 4 * MiB, lambda _line: None, clock=lambda: t[0])
+    rep.add(4 * MiB)
+    t[0] = 2.0
+    note = "3.0 MiB from peers, 1.0 MiB from storage, 0 fallbacks"
+    assert rep.finish(note) == f"{PREFIX}ready model: 4.0 MiB fetched in 2.0 s (2.0 MiB/s); {note}"
+
+
 def _artifact(tmp_path, size: int) -> tuple[dict, StorageConfig]:
     storage = StorageConfig(str(tmp_path / "blobs"))
     data = os.urandom(size)  # content no other test put in this node's cache

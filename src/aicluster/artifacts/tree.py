@@ -3,10 +3,12 @@
 Invariants:
 - The folder appears under its name only when complete: it is built beside it
   (`.NAME.XXXXXXXX.partial`) and renamed; on any failure nothing is left behind.
-- Every file's bytes are checked against its sha256 as they are written, and each
-  distinct blob is fetched once (files with the same content are copied locally);
-  up to `workers` blobs are fetched at once (hashing and file writes release the GIL);
-  a chunked file's chunks are written at their offsets, each checked on its own.
+- Every file's bytes are checked against its sha256 as they are written (a fetch that
+  hands over `Checked` bytes has hashed exactly those bytes to that digest itself, and
+  they are not hashed twice), and each distinct blob is fetched once (files with the
+  same content are copied locally); up to `workers` blobs are fetched at once (hashing
+  and file writes release the GIL); a chunked file's chunks are written at their
+  offsets, each checked on its own.
 - Paths are the manifest's, checked again (`check_path`), so nothing is written
   outside the folder.
 """
@@ -78,6 +80,19 @@ def write_tree(
 Piece = tuple[str, str, Path, int]
 
 
+class Checked:
+    """A whole blob in memory that its fetch has hashed to `sha256` (e.g. bytes from a
+    peer, runtime.peers, checked before they are accepted); iterates as one chunk."""
+
+    __slots__ = ("data", "sha256")
+
+    def __init__(self, data: bytes | bytearray, sha256: str):
+        self.data, self.sha256 = data, sha256
+
+    def __iter__(self):
+        yield self.data
+
+
 def run_pieces(pieces: list, fn: Callable, workers: int) -> None:
     if workers > 1 and len(pieces) > 1:
         with ThreadPoolExecutor(min(workers, len(pieces))) as pool:
@@ -104,9 +119,12 @@ def write_piece(fetch: Fetch, piece: Piece, progress: Progress | None) -> int:
             pass  # not readable here after all: stream it
     digest, path, target, pos = piece
     h, start = hashlib.sha256(), pos
+    stream = fetch(digest)
+    if isinstance(stream, Checked) and stream.sha256 == digest:
+        return _write_checked(stream.data, target, pos, progress)
     fd = os.open(target, os.O_WRONLY)
     try:
-        for chunk in fetch(digest):
+        for chunk in stream:
             h.update(chunk)
             view = memoryview(chunk)
             while view:
@@ -119,6 +137,20 @@ def write_piece(fetch: Fetch, piece: Piece, progress: Progress | None) -> int:
     if h.hexdigest() != digest:
         raise ValueError(f"{path}: downloaded bytes do not match sha256 {digest}")
     return pos - start
+
+
+def _write_checked(data, target: Path, pos: int, progress: Progress | None) -> int:
+    fd = os.open(target, os.O_WRONLY)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, pos)
+            view, pos = view[n:], pos + n
+    finally:
+        os.close(fd)
+    if progress:
+        progress(len(data))
+    return len(data)
 
 
 def _copy_piece(src: str, piece: Piece, progress: Progress | None) -> int:

@@ -235,6 +235,7 @@ class RayEngine:
                 master_port,
             )
             secret = secrets.token_hex(16)  # the attempt's: mpi's relay (runtime.mpirelay)
+            peers = self._swarm(req, gang, actors, where, secret)
             starts = []
             for rank, actor in enumerate(actors):
                 env = dict(req.env)
@@ -254,7 +255,13 @@ class RayEngine:
                 env.update(launch_env)
                 starts.append(
                     actor.start.remote(
-                        command, env, workdir, list(req.inputs), req.storage, sandbox
+                        command,
+                        env,
+                        workdir,
+                        list(req.inputs),
+                        req.storage,
+                        sandbox,
+                        peers[rank],
                     )
                 )
             ray.get(starts, timeout=self.launch_timeout)
@@ -273,6 +280,23 @@ class RayEngine:
         except Exception as exc:
             self.stop(req.job_id, req.attempt, len(req.placement))
             raise LaunchError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _swarm(self, req: LaunchRequest, gang: Gang, actors, where, secret: str):
+        """Per node of a multi-node gang with inputs, its place in the swarm that shares
+        them, per rank (runtime.peers: each node's leader serves its cache on a port reserved
+        on its node, the attempt's secret authenticates); None per rank otherwise."""
+        if not req.inputs or len(gang.nodes) < 2:
+            return [None] * len(req.placement)
+        leaders = [ranks[0] for ranks in gang.nodes]
+        addrs = ray.get(
+            [actors[r].node_address.remote(where[r]["ip"]) for r in leaders],
+            timeout=self.call_timeout,
+        )
+        plan = {"addrs": [list(a) for a in addrs], "secret": secret}
+        return [
+            plan | {"node": gang.node_of(r), "serve": r in leaders}
+            for r in range(len(req.placement))
+        ]
 
     def status(self, job_id: str, attempt: int, offsets: list[int]) -> list[WorkerState]:
         """A live rank's log comes from its worker's file; a lost or unresponsive rank's

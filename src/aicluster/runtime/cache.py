@@ -8,7 +8,8 @@ Invariants:
 - A blob appears in the cache only complete and hash-checked (downloaded into
   `tmp/`, verified, then renamed into place), so any process on the node may use
   any blob it sees. Under its prefix lock a blob is downloaded at most once, however
-  many processes ask for it at the same time.
+  many processes ask for it at the same time (`ensure_apart` has a lock of its own
+  kind: a blob may then come twice, once each way; the bytes are the same).
 - LRU: a blob's mtime is its last use. Eviction (under `evict.lock`) removes the
   least recently used blobs until the cache fits `max_bytes`, skipping blobs the
   current materialisation needs and blobs still hard-linked into a materialised
@@ -21,7 +22,9 @@ Invariants:
 - A chunked file (artifacts.chunks) is cached whole, under its chunk root, and
   assembled chunk by chunk, each chunk checked; `chunks/<2 hex>/<chunk>` notes
   where a chunk lies in a cached file, so a node that holds version k fetches only
-  the chunks version k+1 changed (a chunk read locally is checked too).
+  the chunks version k+1 changed (a chunk read locally is checked too). A chunk
+  cached as a blob of its own (runtime.peers caches its stripe so) is used the same
+  way; `locate` says where any blob's bytes lie.
 """
 
 from __future__ import annotations
@@ -107,6 +110,28 @@ class BlobCache:
         finally:
             tmp.unlink(missing_ok=True)
         return final, n
+
+    def ensure_apart(self, digest: str, fetch: Fetch, progress: Progress | None = None) -> int:
+        """`ensure` under a lock of its own kind (`locks/apart-<2 hex>.lock`), never the
+        prefix lock a materialisation holds while it fetches, so it cannot wait for one
+        that waits for it (runtime.peers brings a node's stripe in so); the bytes
+        downloaded (0: it was there)."""
+        with FileLock(str(self.root / "locks" / f"apart-{digest[:2]}.lock")):
+            if self.locate(digest) is not None:
+                return 0
+            tmp = self.root / "tmp" / f"{digest}.{uuid.uuid4().hex[:8]}"
+            try:
+                tmp.touch()
+                try:
+                    n = write_piece(fetch, (digest, digest, tmp, 0), progress)
+                except ValueError as exc:
+                    raise CacheCorrupt(f"blob {digest}: {exc}") from None
+                os.chmod(tmp, 0o444)
+                self.path(digest).parent.mkdir(exist_ok=True)
+                os.replace(tmp, self.path(digest))  # same bytes as any blob it replaces
+            finally:
+                tmp.unlink(missing_ok=True)
+        return n
 
     # -- folders ----------------------------------------------------------------------
 
@@ -201,9 +226,13 @@ class BlobCache:
 
             def piece(p) -> None:
                 local = self._chunk_source(p[0])
-                n = write_piece(local or fetch, p, progress if local is None else None)
-                if local is None:
-                    got.append(n)
+                if local is not None:
+                    try:
+                        write_piece(local, p, None)
+                        return
+                    except OSError:
+                        pass  # evicted since it was located: fetch it
+                got.append(write_piece(fetch, p, progress))
 
             try:
                 run_pieces(pieces, piece, PREFETCH)
@@ -231,23 +260,51 @@ class BlobCache:
             part.write_text(f"{f.sha256} {off} {n}")
             os.replace(part, p)
 
-    def _chunk_source(self, chunk: str) -> Fetch | None:
-        """A fetch that reads this chunk from a cached file holding it, or None."""
+    def locate(self, digest: str) -> tuple[Path, int, int] | None:
+        """(file, offset, length) where this blob's checked bytes lie in the cache: a
+        blob of its own, or a chunk of a cached file; None when the cache lacks it."""
+        own = self.path(digest)
         try:
-            root, off, length = self._chunk_file(chunk).read_text().split()
+            return own, 0, own.stat().st_size
+        except OSError:
+            pass
+        try:
+            root, off, length = self._chunk_file(digest).read_text().split()
             blob = self.path(root)
             if not blob.exists():
                 return None
+            return blob, int(off), int(length)
         except (OSError, ValueError):
             return None
-        start, n = int(off), int(length)
+
+    def _chunk_source(self, chunk: str) -> Fetch | None:
+        """A fetch that reads this chunk from the cache (`locate`), or None."""
+        where = self.locate(chunk)
+        if where is None:
+            return None
+        blob, start, n = where
 
         def local(digest: str) -> Iterable[bytes]:
             with open(blob, "rb") as f:
                 f.seek(start)
                 yield f.read(n)
 
+        if blob == self.path(chunk):  # a blob of its own: copied in the kernel (write_piece)
+            local.local_path = lambda _digest: str(blob)  # type: ignore[attr-defined]
         return local
+
+    def drop_chunk_copies(self, chunks: Iterable[str]) -> None:
+        """Remove chunks cached as blobs of their own where a cached file holds them too
+        (`locate` then finds them there); used by nothing else, they only take space."""
+        for chunk in chunks:
+            with self._lock(chunk):
+                p = self.path(chunk)
+                try:
+                    root = self._chunk_file(chunk).read_text().split()[0]
+                    if self.path(root).exists() and p.stat().st_nlink == 1:
+                        p.unlink()
+                except (OSError, ValueError, IndexError):
+                    continue
 
     # -- space ------------------------------------------------------------------------
 

@@ -75,14 +75,17 @@ class Reporter:
             line = self.line()
         self.say(line)
 
-    def finish(self) -> str:
-        """The input is in place: its last line (also said)."""
+    def finish(self, note: str | None = None) -> str:
+        """The input is in place: its last line (also said); `note` (where the bytes came
+        from, runtime.peers) ends a line that fetched anything."""
         took = self.clock() - self.started
         if self.total <= 0:
             line = f"{PREFIX}ready {self.name}: in this node's cache"
         else:
             rate = self.total / max(took, 1e-9) / MiB
             line = f"{PREFIX}ready {self.name}: {_mib(self.total)} fetched in {took:.1f} s ({rate:.1f} MiB/s)"
+            if note:
+                line += f"; {note}"
         self.say(line)
         return line
 

@@ -13,6 +13,9 @@ Invariants:
   truth and the catch-up path. A failing `on_output` never stops the pump.
 - An exit code is reported only once the pump has drained the pipe (or has had
   its chance to), so a reader that sees the exit has the whole log.
+- A worker that runs its node's peer server (runtime.peers: a multi-node gang's inputs)
+  serves the node's cache to that gang only, from before its inputs are pulled until
+  `stop` or a failed `start`.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class WorkerProcess:
         self._pump: threading.Thread | None = None
         self._drained = threading.Event()  # the pump reached EOF
         self._drain_given_up = False
+        self._peer_server = None  # runtime.peers.PeerServer of this node, while it runs
 
     def node_address(self, host: str) -> tuple[str, int]:
         return host, free_port(host)
@@ -100,13 +104,24 @@ class WorkerProcess:
         inputs: list[dict] | None = None,
         storage=None,
         sandbox: dict | None = None,
+        peers: dict | None = None,
     ) -> int:
         """`inputs`: [{"path", "env", "manifest": JSON bytes}] materialised read-only under
         the working directory first, from `storage` (a StorageConfig) via the node cache.
         `sandbox`: a SandboxPolicy as a dict (runtime.sandbox): who the command runs as
-        and what it must not see; its environment is always built from an allow-list."""
+        and what it must not see; its environment is always built from an allow-list.
+        `peers`: this node's place in its gang's swarm (runtime.peers SwarmPlan as a dict,
+        with `serve`: this worker runs the node's peer server); the inputs then come from
+        the other nodes' caches where they can."""
         if self.proc is not None:
             return self.proc.pid  # idempotent: never start twice
+        try:
+            return self._start(command, env, workdir, inputs, storage, sandbox, peers)
+        except BaseException:
+            self.close_peers()
+            raise
+
+    def _start(self, command, env, workdir, inputs, storage, sandbox, peers) -> int:
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir.parent, 0o711)  # no one lists the other workloads' folders
@@ -114,8 +129,11 @@ class WorkerProcess:
         extract_workdir(workdir, cwd)
         policy = SandboxPolicy.from_dict(sandbox)
         job_env = dict(env)
+        swarm = self._join_swarm(peers, inputs)
         for item in inputs or []:
-            dest = materialise_input(item, cwd, storage, say=self._say)
+            dest = materialise_input(
+                item, cwd, storage, say=self._say, swarm=swarm, server=self._peer_server
+            )
             if item.get("env"):
                 job_env[item["env"]] = str(dest)
         prepared = prepare(policy, self.dir)
@@ -161,6 +179,35 @@ class WorkerProcess:
         self._pump.start()
         self.started_at = time.time()
         return self.proc.pid
+
+    def _join_swarm(self, peers: dict | None, inputs: list[dict] | None):
+        """The SwarmPlan of a multi-node gang's inputs (None: pull from storage alone),
+        and this node's peer server started when this worker is to run it."""
+        from aicluster.artifacts.manifest import Manifest
+        from aicluster.runtime.peers import PeerServer, SwarmPlan, prepare_server
+
+        if not peers or not inputs or len(peers.get("addrs") or ()) < 2:
+            return None
+        plan = SwarmPlan.from_dict(peers)
+        if peers.get("serve") and self._peer_server is None:
+            host, port = plan.addrs[plan.node]
+            cache = node_cache()
+            try:
+                self._peer_server = PeerServer(cache, plan.secret, host, port)
+            except OSError as exc:
+                self._say(f"aicluster inputs: no peer server on {host}:{port} ({exc.strerror})")
+                return plan
+            prepare_server(
+                self._peer_server, cache, [Manifest.from_json(i["manifest"]) for i in inputs], plan
+            )
+            self._peer_server.start()
+        return plan
+
+    def close_peers(self) -> None:
+        """Stop serving this node's cache to the gang (the attempt is over)."""
+        server, self._peer_server = self._peer_server, None
+        if server is not None:
+            server.close()
 
     def _pump_output(self, read_end: int, log_fd: int) -> None:
         """Pipe -> log file -> on_output, chunk by chunk as bytes arrive, until EOF."""
@@ -233,6 +280,7 @@ class WorkerProcess:
         }
 
     def stop(self, grace: float = 5.0) -> int | None:
+        self.close_peers()
         if self.proc is None:
             return None
         if self.proc.poll() is None:
@@ -315,24 +363,43 @@ def work_root(environ=os.environ) -> Path:
     return Path(base) / "aicluster-work"
 
 
+def node_cache():
+    """This node's blob cache (runtime.cache), sized by AICLUSTER_CACHE_BYTES."""
+    from aicluster.runtime.cache import BlobCache, node_cache_root
+
+    return BlobCache(node_cache_root(), int(os.environ.get("AICLUSTER_CACHE_BYTES", 20 * 2**30)))
+
+
 def materialise_input(
-    item: dict, cwd: Path, storage, say: Callable[[str], None] | None = None
+    item: dict,
+    cwd: Path,
+    storage,
+    say: Callable[[str], None] | None = None,
+    swarm=None,
+    server=None,
 ) -> Path:
     """One input in place under `cwd`; with `say`, its progress as log lines
-    (runtime.inputs_progress), named by its path."""
+    (runtime.inputs_progress), named by its path. With `swarm` (runtime.peers SwarmPlan)
+    the blobs other nodes of the gang own come from their caches, and the ready line says
+    how many bytes came from peers and from storage; `server`: this node's peer server."""
     from aicluster.artifacts.manifest import Manifest
-    from aicluster.runtime.cache import BlobCache, node_cache_root
     from aicluster.runtime.inputs_progress import Reporter
+    from aicluster.runtime.peers import swarm_materialise
     from aicluster.store.artifacts.backend import open_backend
 
     manifest = Manifest.from_json(item["manifest"])
-    cache = BlobCache(node_cache_root(), int(os.environ.get("AICLUSTER_CACHE_BYTES", 20 * 2**30)))
+    cache = node_cache()
     dest = cwd / item["path"]
     dest.parent.mkdir(parents=True, exist_ok=True)
-    if say is None:
-        cache.materialise(manifest, dest, open_backend(storage).iter_blob)
-        return dest
-    reporter = Reporter(item["path"], sum(cache.wanted(manifest).values()), say)
-    cache.materialise(manifest, dest, open_backend(storage).iter_blob, progress=reporter.add)
-    reporter.finish()
+    fetch = open_backend(storage).iter_blob
+    reporter = Reporter(item["path"], sum(cache.wanted(manifest).values()), say) if say else None
+    add = reporter.add if reporter else None
+    note = None
+    if swarm is None:
+        cache.materialise(manifest, dest, fetch, progress=add)
+    else:
+        _, counts = swarm_materialise(cache, manifest, dest, fetch, swarm, server, add)
+        note = counts.line()
+    if reporter:
+        reporter.finish(note)
     return dest
