@@ -168,3 +168,43 @@ def test_same_running_tuple_reuses_groups_but_decides_the_same():
         policy = get_policy(name)
         seen = [policy.plan(s, 100.0) for s in (*snaps, *reversed(snaps))]
         assert seen == [get_policy(name).plan(s, 100.0) for s in (*snaps, *reversed(snaps))]
+
+
+@dataclass(frozen=True)
+class Recorder:
+    """`inner`, keeping the repr of every cycle's decisions (their sentences included)."""
+
+    inner: object
+    seen: list
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def plan(self, snapshot, clock):
+        decided = self.inner.plan(snapshot, clock)
+        self.seen.append(repr(decided))
+        return decided
+
+
+# sha256 (first 16 hex digits) of every decision of every cycle, each Wait's reason and
+# kind included, computed before a cycle remembered its refusals (main at 090c348): a gang
+# refused like one tried before it in the cycle, with nothing changed since, gets the
+# same Refusal without the quota rule and placement being run again, and the same words.
+DECISIONS = {
+    "fair": ({"a": 2, "b": 3, "c": 1}, None, "756e06dbca123961"),  # 63 preemptions
+    "fair-borrow-8": ({"a": 2, "b": 3, "c": 1}, 8, "9e4e1f4b9d7d4f0e"),
+    "fair-shared": (None, None, "c054058e46e4574f"),
+}
+
+
+@pytest.mark.parametrize("label", sorted(DECISIONS))
+def test_remembered_refusals_change_no_decision_nor_its_words(label):
+    teams, borrow, pinned = DECISIONS[label]
+    cluster = team_cluster(teams, borrow_gpus=borrow) if teams else shared_cluster(6)
+    jobs = synthetic(300, {"a": 1.0, "b": 2.0, "c": 1.0}, seed=7, mean_interarrival=8.0)
+    seen: list[str] = []
+    policy = replace(get_policy("fair"), memo={}, reservations={}, starve_after_s=1800.0)
+    cfg = SimConfig(runtime_limit_factor=2.0, queue_depth=64)
+    simulate(jobs, cluster, Recorder(policy, seen), cfg)
+    assert hashlib.sha256("\n".join(seen).encode()).hexdigest()[:16] == pinned

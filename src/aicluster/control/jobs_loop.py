@@ -5,11 +5,17 @@ One `tick()` is one level-triggered pass:
 2. active jobs: ADMITTED ones whose launch finished become RUNNING (or are
    requeued/failed); RUNNING ones get their logs pulled and end SUCCEEDED,
    FAILED(exit_code | node_lost | worker_lost) or go back to PENDING to restart;
-3. admission: `core.scheduler.plan_cycle(snapshot, clock, policy)` over pending jobs
-   and service replicas, then its decisions applied (Preempts first, then Admits/Waits);
-   the pending jobs are kept across ticks and re-read only where they changed
-   (control.snapshot.PendingJobs), and only waits that say something new are written;
+3. admission (control.admission): `core.scheduler.plan_cycle(snapshot, clock, policy)`
+   over pending jobs and service replicas, then its decisions applied (Preempts first,
+   then Admits/Waits); the pending jobs are kept across ticks and re-read only where
+   they changed (control.snapshot.PendingJobs), and only waits that say something new
+   are written;
 4. garbage: any gang in Ray that no live job attempt owns is stopped.
+
+Step 2's starts (ADMITTED -> RUNNING) and successes, and step 3's admissions, are
+written in batches (control.admission.TransitionBatch: a few transactions, not one per
+job), each before what depends on it: a gang is stopped after its success is committed,
+launched after its admission is.
 
 Launches run on a thread pool so that one slow gang does not stall the loop.
 """
@@ -22,20 +28,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from aicluster.control.admission import ACTIVE, Admission, TransitionBatch
 from aicluster.control.inputs_progress import InputsProgress
 from aicluster.control.job_envs import EnvProgress
-from aicluster.control.job_io import launch_request, push_outputs, resolve_inputs
+from aicluster.control.job_io import push_outputs
 from aicluster.control.logs import LogStore
 from aicluster.control.oplog import decision as log_decision
 from aicluster.control.queue_pages import QueueEntry
 from aicluster.control.recovery import newest_checkpoint, recovery
-from aicluster.control.snapshot import (
-    PendingJobs,
-    WorkloadSource,
-    build_snapshot,
-    job_artifact_keys,
-    job_workload,
-)
+from aicluster.control.snapshot import PendingJobs, WorkloadSource
 from aicluster.control.workdirs import as_workdirs
 from aicluster.core.lifecycle import (
     JobStatus,
@@ -44,24 +45,22 @@ from aicluster.core.lifecycle import (
     failure_is_retryable,
     requeue_cause_of,
 )
-from aicluster.core.model import Admit, Preempt, Wait
 from aicluster.core.nodestate import NodeState
-from aicluster.core.scheduler import DEFAULT_POLICY, get_policy, plan_cycle
+from aicluster.core.scheduler import DEFAULT_POLICY, get_policy
 from aicluster.engine.protocol import Engine, LaunchError, NodeInfo
 from aicluster.store.db import Store
-from aicluster.store.jobs import JobRecord
+from aicluster.store.jobs import JobRecord, Move
 
 log = logging.getLogger(__name__)
 # The operator's log: one key=value line per decision applied (control.oplog).
 decisions = logging.getLogger("aicluster.decisions")
-ACTIVE = (JobStatus.ADMITTED, JobStatus.RUNNING)
 GC_EVERY_S = 5.0
 # A worker can vanish seconds before Ray declares its node dead; wait this long
 # before calling it a lost worker rather than a lost node.
 NODE_DEATH_GRACE_S = 30.0
 
 
-class Controller:
+class Controller(Admission):
     def __init__(
         self,
         store: Store,
@@ -113,6 +112,8 @@ class Controller:
         self.sources: list[WorkloadSource] = []
         self.last_gc = 0.0
         self.pending = PendingJobs(store)  # kept across ticks: read what changed only
+        # the active jobs' starts and successes of this tick, written after them all
+        self.moves = TransitionBatch()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=False)
@@ -127,6 +128,7 @@ class Controller:
         self.alive = None
         self.last_gc = 0.0
         self.pending.reset()
+        self.moves = TransitionBatch()  # nothing decided by an earlier term is written
 
     # -- the loop -------------------------------------------------------------------
 
@@ -157,6 +159,10 @@ class Controller:
                 self._reconcile(job)
             except Exception:
                 log.exception("reconciling %s", job.id)
+        try:  # a few transactions for all; each gang that succeeded is stopped after
+            self.moves.apply(self.store)
+        except Exception:
+            log.exception("writing the transitions of %d active jobs", len(active))
         self._admit()
         if draining:
             self._drain(draining)
@@ -256,10 +262,13 @@ class Controller:
         if len(attempts) >= 2 and job.requeue_cause is not None:
             took = recovery(attempts[-2], attempts[-1], now, self._checkpoint(job, attempts[-2]))
             message = took.sentence() if took is not None else None
-        if self.store.transition(
-            job.id, JobStatus.ADMITTED, JobStatus.RUNNING, Reason.STARTED, message
-        ):
-            self.last_heard[job.id] = now
+        move = Move(job.id, JobStatus.ADMITTED, JobStatus.RUNNING, Reason.STARTED, message)
+        self.moves.add(move, lambda rec: self._started(rec, now, took))
+
+    def _started(self, rec: JobRecord | None, now: float, took) -> None:
+        """Once RUNNING is written (rec None: the job had moved on)."""
+        if rec is not None:
+            self.last_heard[rec.id] = now
             if took is not None and self.metrics is not None:
                 self.metrics.observe_recovery(took)
 
@@ -330,18 +339,20 @@ class Controller:
             message = "all workers exited 0" + (
                 f"; produced {', '.join(produced)}" if produced else ""
             )
-            if self.store.transition(  # first, as for a failure above
+            move = Move(
                 job.id,
                 JobStatus.RUNNING,
                 JobStatus.SUCCEEDED,
                 Reason.COMPLETED,
                 message,
-                exit_code=0,
-            ):
-                log_decision(
-                    decisions, "job_succeeded", job=job.id, team=job.team, attempt=job.attempt
-                )
-            self.engine.stop(job.id, job.attempt, len(states))
+                fields={"exit_code": 0},
+            )  # written first, as for a failure above; the stop once it is
+            self.moves.add(move, lambda rec: self._succeeded(rec, job, len(states)))
+
+    def _succeeded(self, rec: JobRecord | None, job: JobRecord, workers: int) -> None:
+        if rec is not None:
+            log_decision(decisions, "job_succeeded", job=job.id, team=job.team, attempt=job.attempt)
+        self.engine.stop(job.id, job.attempt, workers)
 
     def pull_logs(self, job: JobRecord):
         """Append every new log byte of the current attempt; return the worker states."""
@@ -436,120 +447,6 @@ class Controller:
                 message=message,
             )
 
-    # -- admission --------------------------------------------------------------------
-
-    def _admit(self) -> None:
-        pending = self.pending.refresh()  # every PENDING job, read only where it changed
-        pending_views = self.pending.views(pending, self.artifact_nodes)
-        active = self.store.list_jobs(statuses=ACTIVE, limit=None)
-        active_views = [job_workload(j) for j in active]
-        for source in self.sources:
-            pending_views += source.pending_workloads()
-            active_views += source.active_workloads()
-        if not pending_views:
-            return
-        if self.node_loop is not None:  # an admin may have cordoned a node since the tick began
-            self.node_states = self.node_loop.nodes.all()
-        blocked = self._nodes_in(
-            NodeState.CORDONED,
-            NodeState.DRAINING,
-            NodeState.DEGRADED,
-            NodeState.DOWN,
-            NodeState.RETIRED,  # an incarnation a rejoin replaced, seconds before Ray knows
-        )
-        quotas = tuple(self.quotas.all()) if self.quotas is not None else ()
-        snapshot = build_snapshot(
-            self.nodes, pending_views, active_views, blocked, quotas, self.limits()
-        )
-        by_id = {j.id: j for j in pending}
-        queue, waits = [], []
-        for decision in plan_cycle(snapshot, self.clock(), self.policy):
-            job = by_id.get(decision.workload_id)
-            if isinstance(decision, Wait):
-                team = job.team if job is not None else None
-                wid, why = decision.workload_id, decision.reason
-                queue.append(QueueEntry(wid, why, decision.kind, team, job is not None))
-            if isinstance(decision, Preempt):
-                self._preempt(decision)
-            elif job is None:
-                for source in self.sources:
-                    source.apply(decision)
-            elif isinstance(decision, Admit):
-                self._launch(job, decision)
-            elif isinstance(decision, Wait):
-                self._wait(job, decision, waits)
-        if waits:  # in batches, not a transaction per job
-            self.store.set_wait_messages(waits)
-        self.queue = queue
-
-    def _preempt(self, decision: Preempt) -> None:
-        """Stop a running gang and put it back in the queue (no restart is spent);
-        it resumes from its checkpoint when admitted again."""
-        job = self.store.get_job(decision.workload_id)
-        if job is None:
-            for source in self.sources:
-                source.apply(decision)
-            return
-        if job.status not in ACTIVE:
-            return
-        self.launching.pop(job.id, None)
-        self.engine.stop(job.id, job.attempt, len(job.placement or []))
-        self.pull_logs(job)
-        message = f"{Reason.PREEMPTED}: {decision.reason}"
-        self._requeue(job, RequeueCause.PREEMPTED, message, by=decision.reason)
-
-    def _launch(self, job: JobRecord, decision: Admit) -> None:
-        attempt = job.attempt + 1
-        rec = self.store.transition(
-            job.id,
-            JobStatus.PENDING,
-            JobStatus.ADMITTED,
-            Reason.ADMITTED,
-            "placed on " + ", ".join(n[:8] for n in decision.placement),
-            placement=list(decision.placement),
-            attempt=attempt,
-        )
-        if rec is None:
-            return  # cancelled meanwhile
-        log_decision(
-            decisions,
-            "job_admitted",
-            job=rec.id,
-            team=rec.team,
-            attempt=attempt,
-            placement=rec.placement,
-            restarts=rec.restarts,
-        )
-        try:
-            inputs, storage = resolve_inputs(rec, self.store, self.artifacts, self.home)
-        except Exception as exc:  # noqa: BLE001 - deleted, unshared, storage down
-            self._fail(rec, Reason.INPUT_UNAVAILABLE, str(exc).strip("'\""))
-            return
-        try:
-            req = launch_request(
-                rec, attempt, self.workdirs, self.store, self.api_url, inputs, storage
-            )
-        except (OSError, ValueError) as exc:
-            self._end_attempt(rec, Reason.LAUNCH_FAILED, f"cannot prepare the launch: {exc}")
-            return
-        fut = self.pool.submit(self.engine.launch, req)
-        fut.add_done_callback(lambda _f: self.notify())
-        self.launching[rec.id] = fut
-        for key in job_artifact_keys(rec.spec):
-            self.artifact_nodes.setdefault(key, set()).update(decision.placement)
-
-    def _wait(self, job: JobRecord, decision: Wait, waits: list) -> None:
-        """Fail a job that could never fit past its max_pending_seconds; else add its wait
-        to `waits` (written at the end of the cycle) when it says something new."""
-        limit = job.spec.max_pending_seconds
-        if decision.never_fits and limit and self.clock() - job.created_at > limit:
-            self._fail(job, Reason.COULD_NEVER_FIT, decision.reason)
-        elif job.message != decision.reason or job.wait_kind != decision.kind:
-            # The record was read PENDING this tick; only this loop writes a pending job's
-            # wait, so an unchanged one needs no write (set_wait_messages would compare
-            # and write nothing): the tick costs what changed, not the queue.
-            waits.append((job.id, decision.reason, decision.kind))
-
     # -- garbage --------------------------------------------------------------------
 
     def collect_garbage(self) -> None:
@@ -559,12 +456,16 @@ class Controller:
         self.store.revoke_tokens_of_finished_jobs()
         self.workdirs.collect()  # the archives of ended jobs
         self.logs.collect()  # the logs of jobs ended longer ago than their retention
+        gangs = []
         for job_id, attempt in self.engine.running_gangs():
             fut = self.launching.get(job_id)
             in_flight = fut is not None and not fut.done()
-            if in_flight or any(src.owns(job_id) for src in self.sources):
-                continue
-            job = self.store.get_job(job_id)
+            if not in_flight and not any(src.owns(job_id) for src in self.sources):
+                gangs.append((job_id, attempt))
+        # read after the gangs were listed, as one read per gang did: in batches
+        jobs = {j.id: j for j in self.store.get_jobs(job_id for job_id, _ in gangs)}
+        for job_id, attempt in gangs:
+            job = jobs.get(job_id)
             if job is None or job.status not in ACTIVE or job.attempt != attempt:
                 if job is None or job.status not in ACTIVE:  # its launch outlived it
                     self.launching.pop(job_id, None)

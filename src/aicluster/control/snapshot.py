@@ -106,7 +106,8 @@ def job_workload(job: JobRecord, where: dict[str, set[str]] | None = None) -> Wo
         priority=job.priority,
         created_at=job.created_at,
         placement=tuple(job.placement) if job.placement else None,
-        started_at=job.started_at or job.updated_at,
+        # a pending job's view is its gang: nothing in it changes with its wait message
+        started_at=job.started_at or (None if job.status == JobStatus.PENDING else job.updated_at),
         preferred_nodes=nodes_holding(job_artifact_keys(job.spec), where) if where else (),
     )
 
@@ -173,8 +174,13 @@ class PendingJobs:
     costs what changed, not everything queued.
 
     Invariant: `refresh` answers exactly the jobs that were PENDING at a moment no older
-    than its start, each as read then, newest first like `Store.list_jobs(limit=None)`. A full read happens on the first refresh, after `reset` (a new term
-    of leadership) and every `resync_s` seconds, as a safety net."""
+    than its start, each as read then, newest first like `Store.list_jobs(limit=None)`.
+    The waits the loop wrote itself (`written`, filled by Store.set_wait_messages once
+    committed) are not read back: a job whose only events since are those gets the
+    message, kind and updated_at it was written with, which is what a read would give
+    (any other write to it has an event of its own, and then it is read). A full read
+    happens on the first refresh, after `reset` (a new term of leadership) and every
+    `resync_s` seconds, as a safety net."""
 
     def __init__(self, store, resync_s: float = 60.0, clock=time.monotonic):
         self.store, self.resync_s, self.clock = store, resync_s, clock
@@ -182,6 +188,8 @@ class PendingJobs:
         self._views: dict[str, tuple[JobRecord, WorkloadView]] = {}
         self._mark: int | None = None  # event id the cache is current to
         self._full_at = float("-inf")
+        # event id -> (job id, message, kind, updated_at): the waits this loop wrote
+        self.written: dict[int, tuple] = {}
 
     def reset(self) -> None:
         self._mark = None
@@ -193,8 +201,10 @@ class PendingJobs:
             jobs = self.store.list_jobs(statuses=[pending], limit=None)
             self._jobs = {j.id: j for j in jobs}
             self._mark, self._full_at = mark, self.clock()
+            self.written.clear()  # written before the mark: in what was just read
         else:
-            changed, self._mark = self.store.jobs_changed_since(self._mark)
+            events, self._mark = self.store.job_events_since(self._mark)
+            changed = self._own_waits(events)
             for gone in changed:
                 self._jobs.pop(gone, None)
             for j in self.store.get_jobs(changed):
@@ -202,18 +212,48 @@ class PendingJobs:
                     self._jobs[j.id] = j
         return sorted(self._jobs.values(), key=lambda j: -j.seq)
 
+    def _own_waits(self, events: list[tuple[int, str]]) -> set[str]:
+        """Apply the waits this loop wrote to the jobs whose only events they are; the
+        ids of the jobs changed otherwise (to read)."""
+        written = self.written
+        other = {job_id for event_id, job_id in events if event_id not in written}
+        for event_id, job_id in events:
+            wait = written.pop(event_id, None)
+            job = self._jobs.get(job_id) if wait is not None and job_id not in other else None
+            if job is None:
+                continue
+            _, message, kind, updated_at = wait
+            new = JobRecord(  # dataclasses.replace, without its per-call introspection
+                **{**vars(job), "message": message, "wait_kind": kind, "updated_at": updated_at}
+            )
+            self._jobs[job_id] = new
+            view = self._views.get(job_id)
+            if view is not None and view[0] is job:  # the same view (job_workload)
+                self._views[job_id] = (new, view[1])
+        return other
+
     def views(self, jobs: list[JobRecord], where: dict[str, set[str]]) -> list[WorkloadView]:
         """`job_workload` of each of `jobs` (from `refresh`): the view made last time when
         the record is the same one and the job has no inputs (else its preferred nodes,
-        from `where`, may have changed since)."""
-        kept, out = {}, []
+        from `where`, may have changed since). The kept views are updated in place (a
+        tick allocates for what changed only); those of jobs gone are dropped when they
+        outnumber the jobs."""
+        kept, out = self._views, []
         for j in jobs:
-            hit = self._views.get(j.id)
-            view = hit[1] if hit is not None and hit[0] is j else job_workload(j, where)
+            hit = kept.get(j.id)
+            if hit is not None and hit[0] is j:
+                out.append(hit[1])
+                continue
+            view = job_workload(j, where)
             if not j.spec.inputs:
                 kept[j.id] = (j, view)
+            elif hit is not None:
+                del kept[j.id]
             out.append(view)
-        self._views = kept
+        if len(kept) > len(jobs):
+            ids = {j.id for j in jobs}
+            for gone in [i for i in kept if i not in ids]:
+                del kept[gone]
         return out
 
 

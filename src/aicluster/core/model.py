@@ -95,6 +95,13 @@ class GangRequest:
         """per_worker x workers (computed once: the scheduler asks for it often)."""
         return self.per_worker.scale(self.workers)
 
+    @cached_property
+    def shape(self) -> tuple:
+        """What placing it depends on (not who asks, nor its preferred nodes), as plain
+        values: a key that policies' memos hash cheaply."""
+        w = self.per_worker
+        return (self.workers, w.cpus, w.memory, w.gpus, self.gpu_model, self.locality, self.pool)
+
 
 @dataclass(frozen=True)
 class RunningWorkload:

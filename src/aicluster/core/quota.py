@@ -58,6 +58,7 @@ class QuotaBook:
     def __init__(
         self, snapshot: Snapshot, pool_gpus: dict[str, int], memo: dict | None = None
     ) -> None:
+        self.version = 0  # counts changes to usage, accounts and caps (memos compare it)
         key = (snapshot.quotas, tuple(sorted(pool_gpus.items())))
         cached = memo.get("quota") if memo is not None else None
         if cached is None or cached[0] != key:
@@ -79,6 +80,7 @@ class QuotaBook:
         they are exactly those of a book built from the snapshot); the teams' caps are the
         snapshot's."""
         self.caps = {t.team: t.max_gpus for t in snapshot.limits if t.max_gpus is not None}
+        self.version += 1
         rows = snapshot.usage
         if rows is not None and rows is self._synced:
             return
@@ -118,6 +120,7 @@ class QuotaBook:
         for key in list(self.accounts)[n_accounts:]:  # opened during the cycle
             del self.accounts[key]
         self.__dict__.update(totals)
+        self.version += 1
 
     def _copy(self) -> QuotaBook:
         """A copy of the book as built (accounts copied, not shared)."""
@@ -162,6 +165,7 @@ class QuotaBook:
                 True,
             )
         self.accounts[(a.team, a.pool)] = a
+        self.version += 1
         if a.has_quota:
             self.team_cohort.setdefault(a.team, (a.cohort, a.weight))
         self.cohort_gpus[a.cohort] = self.cohort_gpus.get(a.cohort, 0) + a.guaranteed
@@ -285,6 +289,7 @@ class QuotaBook:
         self._move(self.account(team, pool), Res() - need)
 
     def _move(self, a: _Account, delta: Res) -> None:
+        self.version += 1
         if self._journal is not None:
             touched = self._journal[0]
             if (a.team, a.pool) not in touched:

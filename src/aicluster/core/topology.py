@@ -124,6 +124,7 @@ class FreeIndex:
         self.free = _FreeMap(self.node, empty)
         self.held: set[str] = set()
         self.journal: dict[str, Res] | None = None  # see `begin`
+        self.version = 0  # counts changes to the free capacity (memos compare it)
         self.pools: dict[str, _Pool] = {}
         node = self.node
         for name, (ids, cap, top) in lay.pools.items():
@@ -225,6 +226,7 @@ class FreeIndex:
             self.journal[node_id] = before
         old, new = max(0, before.gpus), max(0, free.gpus)
         self.free[node_id] = free
+        self.version += 1
         if old != new:
             rank = self.rank[node_id]
             bucket = p.buckets[old]

@@ -20,6 +20,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.orm import sessionmaker
 
 from aicluster.store.identity import IdentityStore
+from aicluster.store.job_writes import JobWrites
 from aicluster.store.jobs import JobStore
 
 BACKENDS = ("sqlite", "postgresql")
@@ -137,7 +138,7 @@ def migrate(engine: Engine, to: str = "head") -> None:
         command.upgrade(cfg, to)
 
 
-class Store(IdentityStore, JobStore):
+class Store(IdentityStore, JobStore, JobWrites):
     def __init__(self, engine: Engine, clock=time.time):
         self.engine = engine
         self.clock = clock

@@ -6,17 +6,19 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import Text, cast, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from aicluster.core.lifecycle import JobStatus, Reason, RequeueCause, check_transition
+from aicluster.core.lifecycle import JobStatus, Reason, RequeueCause
 from aicluster.core.model import WaitKind
 from aicluster.specs.job import JobSpec
 from aicluster.store.cursors import DEFAULT_LIMIT, check_limit, decode, page_of
 from aicluster.store.errors import Conflict, NotFound
 from aicluster.store.schema import EventRow, JobRow, TeamRow
+from aicluster.store.spec_cache import SPECS
 
 
 def fields_of(cls, row) -> dict:
@@ -49,16 +51,36 @@ class JobRecord:
     finished_at: float | None
 
     @classmethod
-    def of(cls, row: JobRow) -> JobRecord:
+    def of(cls, row) -> JobRecord:
+        """The record of a JobRow, or of a row of `job_query` (its spec as the stored
+        text, parsed once per job and text: store.spec_cache)."""
+        text = getattr(row, "spec_text", None)
+        spec = SPECS.spec(row.id, text) if text is not None else JobSpec.model_validate(row.spec)
         return cls(
             **{
-                **fields_of(cls, row),
-                "spec": JobSpec.model_validate(row.spec),
+                **{c: getattr(row, c) for c in _FIELDS},
+                "spec": spec,
                 "status": JobStatus(row.status),
                 "requeue_cause": RequeueCause(row.requeue_cause) if row.requeue_cause else None,
                 "wait_kind": WaitKind(row.wait_kind) if row.wait_kind else None,
             }
         )
+
+
+_FIELDS = tuple(c for c in JobRecord.__dataclass_fields__ if c != "spec")
+
+
+def job_query(*where):
+    """The columns of JobRow as plain rows (no ORM objects), the spec as its stored text:
+    `read_jobs` parses each text once per job (store.spec_cache)."""
+    cols = [getattr(JobRow, c) for c in _FIELDS]
+    q = select(*cols, cast(JobRow.spec, Text).label("spec_text"))
+    return q.where(*where) if where else q
+
+
+def read_jobs(s: Session, q) -> list[JobRecord]:
+    """The records of a `job_query`."""
+    return [JobRecord.of(row) for row in s.execute(q)]
 
 
 @dataclass(frozen=True)
@@ -147,8 +169,39 @@ def _end_reason(e: EventRecord) -> str | None:
     return head if head in causes else e.reason
 
 
+class Move(NamedTuple):
+    """One compare-and-set transition (`JobStore.transition`'s arguments): `fields`,
+    other columns set with it (placement, attempt, restarts, exit_code)."""
+
+    job_id: str
+    src: JobStatus
+    dst: JobStatus
+    reason: Reason
+    message: str | None = None
+    actor: str | None = None
+    requeue_cause: RequeueCause | None = None
+    interrupted_at: float | None = None
+    fields: dict = {}
+
+
+def move_values(m: Move, now: float) -> dict:
+    """The columns a transition sets."""
+    values = dict(
+        status=m.dst.value, reason=m.reason.value, message=m.message, wait_kind=None, updated_at=now
+    )
+    if m.requeue_cause is not None:
+        values["requeue_cause"] = m.requeue_cause.value
+    if m.dst == JobStatus.RUNNING:
+        values["started_at"] = now
+    if m.dst.terminal:
+        values["finished_at"] = now
+    values.update(m.fields)
+    return values
+
+
 class JobStore:
-    """Jobs and the event log; mixed into store.db.Store (its session and clock)."""
+    """Jobs and the event log; mixed into store.db.Store (its session and clock), with
+    store.job_writes.JobWrites (the batched writes `transition` is one of)."""
 
     # -- jobs -------------------------------------------------------------------
 
@@ -198,8 +251,8 @@ class JobStore:
 
     def get_job(self, job_id: str) -> JobRecord | None:
         with self._session() as s:
-            row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
-            return JobRecord.of(row) if row else None
+            found = read_jobs(s, job_query(JobRow.id == job_id))
+            return found[0] if found else None
 
     def newest_jobs_named(self, name: str, team: str | None = None) -> list[JobRecord]:
         """The newest job called `name` in each team that has one (in `team` alone when
@@ -208,9 +261,9 @@ class JobStore:
         newest = select(func.max(JobRow.seq)).where(JobRow.name == name)
         if team is not None:
             newest = newest.where(JobRow.team == team)
-        q = select(JobRow).where(JobRow.seq.in_(newest.group_by(JobRow.team)))
+        q = job_query(JobRow.seq.in_(newest.group_by(JobRow.team)))
         with self._session() as s:
-            return [JobRecord.of(r) for r in s.scalars(q.order_by(JobRow.seq.desc()))]
+            return read_jobs(s, q.order_by(JobRow.seq.desc()))
 
     def get_jobs(self, job_ids: Iterable[str]) -> list[JobRecord]:
         """The jobs of these ids that exist (any order), in batches on the id index."""
@@ -218,8 +271,7 @@ class JobStore:
         out: list[JobRecord] = []
         with self._session() as s:
             for i in range(0, len(ids), 500):
-                q = select(JobRow).where(JobRow.id.in_(ids[i : i + 500]))
-                out += [JobRecord.of(r) for r in s.scalars(q)]
+                out += read_jobs(s, job_query(JobRow.id.in_(ids[i : i + 500])))
         return out
 
     def jobs_changed_since(self, after: int) -> tuple[set[str], int]:
@@ -251,13 +303,13 @@ class JobStore:
         limit: int | None = 1000,
     ) -> list[JobRecord]:
         """Newest first; `limit` None: every one (the reconcile loop must see them all)."""
-        q = select(JobRow).order_by(JobRow.seq.desc()).limit(limit)
+        q = job_query().order_by(JobRow.seq.desc()).limit(limit)
         if team is not None:
             q = q.where(JobRow.team == team)
         if statuses is not None:
             q = q.where(JobRow.status.in_([st.value for st in statuses]))
         with self._session() as s:
-            return [JobRecord.of(r) for r in s.scalars(q)]
+            return read_jobs(s, q)
 
     def page_jobs(
         self,
@@ -269,7 +321,7 @@ class JobStore:
         """A page of jobs newest first and the next page's cursor (store.cursors): a keyset
         read on `seq` (ix_jobs_status_seq, ix_jobs_team_seq); BadCursor for a bad cursor."""
         (before,) = decode(cursor, "jobs", int) or (None,)
-        q = select(JobRow).order_by(JobRow.seq.desc()).limit(check_limit(limit) + 1)
+        q = job_query().order_by(JobRow.seq.desc()).limit(check_limit(limit) + 1)
         if before is not None:
             q = q.where(JobRow.seq < before)
         if team is not None:
@@ -277,7 +329,7 @@ class JobStore:
         if statuses is not None:
             q = q.where(JobRow.status.in_([st.value for st in statuses]))
         with self._session() as s:
-            rows = [JobRecord.of(r) for r in s.scalars(q)]
+            rows = read_jobs(s, q)
         return page_of(rows, limit, "jobs", lambda j: (j.seq,))
 
     def transition(
@@ -296,50 +348,12 @@ class JobStore:
 
         A requeue (reason `requeued`) names its `requeue_cause`; it stays on the job until
         the next requeue. An attempt that ends interrupted records on its event
-        `interrupted_at`, when it stopped making progress. Every transition clears the wait kind (the scheduler sets it again
-        while the job is PENDING). Returns the new record, or None when the job was no
-        longer in `src`.
+        `interrupted_at`, when it stopped making progress. Every transition clears the wait
+        kind (the scheduler sets it again while the job is PENDING). Returns the new
+        record, or None when the job was no longer in `src`.
         """
-        check_transition(src, dst)
-        if (reason == Reason.REQUEUED) != (requeue_cause is not None):
-            raise ValueError("a requeue, and only a requeue, names its requeue_cause")
-        now = self.clock()
-        values = dict(
-            status=dst.value, reason=reason.value, message=message, wait_kind=None, updated_at=now
-        )
-        if requeue_cause is not None:
-            values["requeue_cause"] = requeue_cause.value
-        if dst == JobStatus.RUNNING:
-            values["started_at"] = now
-        if dst.terminal:
-            values["finished_at"] = now
-        values.update(fields)
-        with self._session.begin() as s:
-            res = s.execute(
-                update(JobRow)
-                .where(JobRow.id == job_id, JobRow.status == src.value)
-                .values(**values)
-            )
-            if res.rowcount != 1:
-                return None
-            row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
-            self._event(
-                s,
-                "job",
-                job_id,
-                row.team,
-                "JobTransition",
-                src.value,
-                dst.value,
-                reason,
-                message,
-                actor,
-                attempt=row.attempt or None,
-                placement=list(row.placement or []) if dst == JobStatus.ADMITTED else None,
-                requeue_cause=requeue_cause.value if requeue_cause is not None else None,
-                interrupted_at=interrupted_at,
-            )
-            return JobRecord.of(row)
+        move = Move(job_id, src, dst, reason, message, actor, requeue_cause, interrupted_at)
+        return self.transitions([move._replace(fields=fields)])[0]
 
     def set_wait_message(self, job_id: str, message: str, kind: WaitKind) -> bool:
         """Record why a PENDING job waits (the sentence and its kind); an Event (its reason:
@@ -357,28 +371,6 @@ class JobStore:
                 s, "job", job_id, row.team, "JobWaiting", reason=kind.value, message=message
             )
             return True
-
-    def set_wait_messages(self, waits: list[tuple[str, str, WaitKind]]) -> int:
-        """`set_wait_message` for many (job id, message, kind) at once, a few hundred per
-        transaction (one commit each, not one per job); how many changed."""
-        changed = 0
-        for i in range(0, len(waits), 500):
-            batch = waits[i : i + 500]
-            with self._session.begin() as s:
-                q = select(JobRow).where(JobRow.id.in_([w[0] for w in batch]))
-                rows = {r.id: r for r in s.scalars(q)}
-                for job_id, message, kind in batch:
-                    row = rows.get(job_id)
-                    if row is None or row.status != JobStatus.PENDING.value:
-                        continue
-                    if row.message == message and row.wait_kind == kind.value:
-                        continue
-                    row.message, row.wait_kind, row.updated_at = message, kind.value, self.clock()
-                    self._event(
-                        s, "job", job_id, row.team, "JobWaiting", reason=kind.value, message=message
-                    )
-                    changed += 1
-        return changed
 
     def set_running_message(
         self,
@@ -433,25 +425,25 @@ class JobStore:
         placement=None,
         requeue_cause=None,
         interrupted_at=None,
-    ) -> None:
-        s.add(
-            EventRow(
-                ts=self.clock(),
-                kind=kind,
-                object_id=object_id,
-                team=team,
-                type=type_,
-                from_status=from_status,
-                to_status=to_status,
-                reason=str(reason) if reason else None,
-                message=message,
-                actor=actor,
-                attempt=attempt,
-                placement=placement,
-                requeue_cause=requeue_cause,
-                interrupted_at=interrupted_at,
-            )
+    ) -> EventRow:
+        row = EventRow(
+            ts=self.clock(),
+            kind=kind,
+            object_id=object_id,
+            team=team,
+            type=type_,
+            from_status=from_status,
+            to_status=to_status,
+            reason=str(reason) if reason else None,
+            message=message,
+            actor=actor,
+            attempt=attempt,
+            placement=placement,
+            requeue_cause=requeue_cause,
+            interrupted_at=interrupted_at,
         )
+        s.add(row)
+        return row  # its id once flushed
 
     def job_attempts(self, job_id: str) -> list[AttemptRecord]:
         """The job's attempts, oldest first, from all its transition events."""

@@ -17,6 +17,11 @@ decide on the snapshot first, apply after. What the memo keeps never changes a
 decision: given the same snapshot and clock, a cycle decides as one planned from nothing
 (tests/unit/test_sim_speed_invariance). Decision state a policy keeps on purpose lives
 outside the memo (`fair`'s reservations of the room it preempted for a gang).
+
+Within a cycle, `try_admit` may remember a refusal for the gangs of the same team and
+shape (`GangRequest.shape`) tried after it: valid only while the free-capacity index and
+the quota book are unchanged (their `version`s count every change, a release or refund
+included), so it is the Refusal the rule and placement would give again, word for word.
 """
 
 from __future__ import annotations
@@ -104,6 +109,8 @@ class Cycle:
         self.preempts: list[Preempt] = []
         self.decided: list[Decision] = []
         self.reserved_pools: set[str] = set()
+        # (memo, team, shape[, pools]) -> (index version, book version, Refusal)
+        self._refusals: dict[tuple, tuple[int, int, Refusal]] = {}
 
     def _keep(self) -> _Kept:
         """The kept index and book, brought up to date with the snapshot (or built anew
@@ -149,6 +156,13 @@ class Cycle:
 
     def never_fits(self, g: GangRequest) -> str | None:
         """Why the gang could not fit even the empty cluster, or None (memoised by shape)."""
+        known = self._never_shapes.get(g.shape, self)
+        if known is not self:
+            return known
+        self._never_shapes[g.shape] = self._never_fits(g)
+        return self._never_shapes[g.shape]
+
+    def _never_fits(self, g: GangRequest) -> str | None:
         key = (g.workers, g.per_worker, (g.gpu_model or "").lower(), g.locality, g.pool)
         if key not in self._never:
             self._empty = self._empty_index()
@@ -176,6 +190,7 @@ class Cycle:
         cached = self.memo["layout"]
         self._empty_slot = cached[2]
         self._never: dict[tuple, str | None] = cached[3]  # depends on the shape only
+        self._never_shapes: dict[tuple, str | None] = {}  # the same by GangRequest.shape
         return cached[1]
 
     def _empty_index(self) -> FreeIndex:
@@ -214,10 +229,31 @@ class Cycle:
 
     # -- decisions ----------------------------------------------------------------
 
-    def try_admit(self, g: GangRequest, rule: QuotaRule, pools=None) -> Refusal | None:
+    def try_admit(
+        self, g: GangRequest, rule: QuotaRule, pools=None, memo: tuple | None = None
+    ) -> Refusal | None:
         """Admit `g` in the first pool where `rule` and placement allow; else why not
         (its team's cap first: no pool could take it; then a lack of room, when quota
-        allowed some pool, wins over a quota reason)."""
+        allowed some pool, wins over a quota reason).
+
+        `memo`: a key that names `rule` and whatever it reads besides the book and `g`'s
+        team and size (None: not remembered). A refusal is then remembered for gangs of
+        the same team, shape, pools and `memo` until the free capacity or the quota book
+        changes in any way (their versions): the same inputs, the same Refusal, its
+        sentence included. Within a cycle capacity mostly shrinks, so most gangs behind
+        a refused one of their shape are refused without running the rule again."""
+        if memo is None:
+            return self._try_admit(g, rule, pools)
+        key = (memo, g.team, g.shape) if pools is None else (memo, g.team, g.shape, *pools)
+        hit = self._refusals.get(key)
+        if hit is not None and hit[0] == self.index.version and hit[1] == self.book.version:
+            return hit[2]
+        refusal = self._try_admit(g, rule, pools)
+        if refusal is not None:  # the versions after it: opening an account counts
+            self._refusals[key] = (self.index.version, self.book.version, refusal)
+        return refusal
+
+    def _try_admit(self, g: GangRequest, rule: QuotaRule, pools) -> Refusal | None:
         capped = self.book.over_cap(g.team, g.total)
         if capped is not None:
             return Refusal(capped, False, WaitKind.TEAM_CAP)

@@ -81,7 +81,11 @@ class FairPolicy:
         for g in sorted(snapshot.pending, key=lambda g: self.order_key(g, clock)):
             if g.workload_id in decided:
                 continue
-            ahead = next((kept[(g.team, p)] for p in c.pools_for(g) if (g.team, p) in kept), None)
+            ahead = (
+                next((kept[(g.team, p)] for p in c.pools_for(g) if (g.team, p) in kept), None)
+                if kept
+                else None
+            )
             if ahead is not None:
                 c.wait(
                     g,
@@ -89,7 +93,7 @@ class FairPolicy:
                     WaitKind.QUEUED_BEHIND,
                 )
                 continue
-            pools = [p for p in c.pools_for(g) if c.book.within_guarantee(g.team, p, g.total)]
+            pools = _within_guarantee(c, g)
             if pools:
                 self._guaranteed(c, g, pools, reclaimer)
             elif clock - g.submitted_at >= self.starve_after_s:
@@ -105,7 +109,7 @@ class FairPolicy:
 
     def _guaranteed(self, c: Cycle, g: GangRequest, pools: list[str], reclaimer) -> None:
         rule = lambda g, pool: c.book.admissible(g.team, pool, g.total, borrow=False)
-        refusal = c.try_admit(g, rule, pools)
+        refusal = c.try_admit(g, rule, pools, memo=("guaranteed",))
         if refusal is None:
             return
         never = c.never_fits(g)
@@ -195,7 +199,11 @@ class FairPolicy:
     def _borrow(self, c: Cycle, g: GangRequest, closed: dict) -> Refusal | None:
         """Admit `g` borrowing above its team's guarantee, or record why it waits (the
         Refusal; None when admitted or when it could never fit)."""
-        refusal = c.try_admit(g, lambda g, pool: self._borrow_rule(c, g, pool, closed))
+        refusal = c.try_admit(
+            g,
+            lambda g, pool: self._borrow_rule(c, g, pool, closed),
+            memo=("borrow", len(closed)),  # `closed` only grows within a cycle
+        )
         if refusal is None:
             return None
         never = c.never_fits(g) or _beyond_ceiling(c, g)
@@ -241,8 +249,31 @@ def _quota_refused(refusal: Refusal | None) -> bool:
     return refusal is not None and not refusal.room and refusal.kind is not WaitKind.TEAM_CAP
 
 
+def _within_guarantee(c: Cycle, g: GangRequest) -> list[str]:
+    """The pools where the gang fits what is left of its team's guarantee (remembered
+    for gangs of its team and shape while the quota book is unchanged: do not change
+    the list)."""
+    memo = c.scratch.setdefault("within_guarantee", {})
+    key = (g.team, g.shape)
+    hit = memo.get(key)
+    if hit is not None and hit[0] == c.book.version:
+        return hit[1]
+    pools = [p for p in c.pools_for(g) if c.book.within_guarantee(g.team, p, g.total)]
+    memo[key] = (c.book.version, pools)  # the version after: opening an account counts
+    return pools
+
+
 def _beyond_ceiling(c: Cycle, g: GangRequest) -> str | None:
-    """Why the gang exceeds guarantee + borrowing limit in every pool it may use."""
+    """Why the gang exceeds guarantee + borrowing limit in every pool it may use
+    (remembered for the cycle: it depends on the quotas alone)."""
+    memo = c.scratch.setdefault("beyond_ceiling", {})
+    key = (g.team, g.pool, g.total.gpus)
+    if key not in memo:
+        memo[key] = _ceiling_reason(c, g)
+    return memo[key]
+
+
+def _ceiling_reason(c: Cycle, g: GangRequest) -> str | None:
     ceilings = {p: c.book.ceiling(g.team, p) for p in c.pools_for(g)}
     if ceilings and all(g.total.gpus > v for v in ceilings.values()):
         pool, top = max(ceilings.items(), key=lambda kv: kv[1])

@@ -1,0 +1,129 @@
+"""The reconcile loop's writes of many jobs at once (mixed into store.db.Store): batched
+compare-and-set transitions and wait messages, a few hundred per transaction.
+
+Invariants: each job's change commits with its Event (a transaction all or nothing, so
+jobs_changed_since and the event log never miss a change); a transition is the same
+compare-and-set as `JobStore.transition` (which is a batch of one); every commit goes
+through the engine's commit, so the leader's fence (store.lease) checks each batch.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from sqlalchemy import bindparam, select, update
+from sqlalchemy.orm import Session
+
+from aicluster.core.lifecycle import JobStatus, Reason, check_transition
+from aicluster.core.model import WaitKind
+from aicluster.store.jobs import JobRecord, Move, job_query, move_values
+from aicluster.store.schema import EventRow, JobRow
+
+
+@lru_cache(maxsize=64)
+def _update(columns: tuple[str, ...]):
+    """The compare-and-set UPDATE of a transition that sets `columns` (bound parameters:
+    one compiled statement per set of columns, reused)."""
+    t = JobRow.__table__
+    return (
+        update(t)
+        .where(t.c.id == bindparam("_id"), t.c.status == bindparam("_src"))
+        .values({c: bindparam(c, type_=t.c[c].type) for c in columns})
+    )
+
+
+class JobWrites:
+    """Batched job writes; needs store.jobs.JobStore's `_event` (both mixed into Store)."""
+
+    def transitions(self, moves: list[Move], per_commit: int = 500) -> list[JobRecord | None]:
+        """`transition` for many jobs, up to `per_commit` in one transaction (one commit,
+        not one per job): each job's status and its Event commit together, a batch all or
+        nothing. The records in the order of `moves`, None where a job was no longer in
+        its `src`. Every move is checked before anything is written."""
+        for m in moves:
+            check_transition(m.src, m.dst)
+            if (m.reason == Reason.REQUEUED) != (m.requeue_cause is not None):
+                raise ValueError("a requeue, and only a requeue, names its requeue_cause")
+        out: list[JobRecord | None] = []
+        for i in range(0, len(moves), per_commit):
+            batch = moves[i : i + per_commit]
+            now = self.clock()
+            with self._session.begin() as s:
+                conn = s.connection()  # Core statements: no ORM objects to synchronise
+                moved = []
+                for m in batch:
+                    values = move_values(m, now)
+                    stmt = _update(tuple(sorted(values)))
+                    params = {"_id": m.job_id, "_src": m.src.value, **values}
+                    moved.append(conn.execute(stmt, params).rowcount == 1)
+                ids = [m.job_id for m, ok in zip(batch, moved) if ok]
+                rows = {r.id: r for r in s.execute(job_query(JobRow.id.in_(ids)))} if ids else {}
+                for m, ok in zip(batch, moved):
+                    out.append(self._moved(s, m, rows[m.job_id]) if ok else None)
+        return out
+
+    def _moved(self, s: Session, m: Move, row) -> JobRecord:
+        """The Event of a transition just made (in its transaction), and the new record."""
+        self._event(
+            s,
+            "job",
+            m.job_id,
+            row.team,
+            "JobTransition",
+            m.src.value,
+            m.dst.value,
+            m.reason,
+            m.message,
+            m.actor,
+            attempt=row.attempt or None,
+            placement=list(row.placement or []) if m.dst == JobStatus.ADMITTED else None,
+            requeue_cause=m.requeue_cause.value if m.requeue_cause is not None else None,
+            interrupted_at=m.interrupted_at,
+        )
+        return JobRecord.of(row)
+
+    def set_wait_messages(
+        self, waits: list[tuple[str, str, WaitKind]], written: dict | None = None
+    ) -> int:
+        """`set_wait_message` for many (job id, message, kind) at once, a few hundred per
+        transaction (one commit each, not one per job); how many changed. `written`, when
+        given, gets event id -> (job id, message, kind, updated_at) for each wait written,
+        once its transaction has committed (control.snapshot.PendingJobs: what it wrote
+        itself needs no read)."""
+        changed = 0
+        for i in range(0, len(waits), 500):
+            batch = waits[i : i + 500]
+            done = []
+            with self._session.begin() as s:
+                q = select(JobRow).where(JobRow.id.in_([w[0] for w in batch]))
+                rows = {r.id: r for r in s.scalars(q)}
+                for job_id, message, kind in batch:
+                    row = rows.get(job_id)
+                    if row is None or row.status != JobStatus.PENDING.value:
+                        continue
+                    if row.message == message and row.wait_kind == kind.value:
+                        continue
+                    now = self.clock()
+                    row.message, row.wait_kind, row.updated_at = message, kind.value, now
+                    event = self._event(
+                        s, "job", job_id, row.team, "JobWaiting", reason=kind.value, message=message
+                    )
+                    done.append((event, (job_id, message, kind, now)))
+                s.flush()  # the events' ids
+                ids = [(event.id, what) for event, what in done]
+            if written is not None:
+                written.update(ids)
+            changed += len(done)
+        return changed
+
+    def job_events_since(self, after: int) -> tuple[list[tuple[int, str]], int]:
+        """(event id, job id) of every job event after event id `after`, in order, and
+        the event id to pass next time (never past the event horizon: none is missed)."""
+        top = max(after, self.event_mark())
+        q = (
+            select(EventRow.id, EventRow.object_id)
+            .where(EventRow.id > after, EventRow.id <= top, EventRow.kind == "job")
+            .order_by(EventRow.id)
+        )
+        with self._session() as s:
+            return [(r.id, r.object_id) for r in s.execute(q)], top

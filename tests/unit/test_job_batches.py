@@ -1,0 +1,221 @@
+"""The reconcile loop's batched writes and cached specs: `Store.transitions` (many jobs'
+compare-and-set transitions, a few hundred per commit, each job's status with its event,
+a stale leader's batch refused whole), control.admission.TransitionBatch (what follows a
+transition runs once it is committed, in order), store.spec_cache (a spec parsed once
+per job and stored text) and control.snapshot.PendingJobs (the waits the loop wrote are
+not read back, yet equal a full read). The store tests run on a real SQLite file and on a real
+PostgreSQL database (tests/pgserver.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aicluster.control.admission import TransitionBatch
+from aicluster.control.snapshot import PendingJobs, job_workload
+from aicluster.core.lifecycle import IllegalTransition, JobStatus, Reason
+from aicluster.core.model import WaitKind
+from aicluster.specs import load_spec_text
+from aicluster.store import open_store
+from aicluster.store.jobs import Move
+from aicluster.store.lease import LeaderLease, StaleLeader, fenced
+from aicluster.store.spec_cache import SpecCache
+
+from fakes import FakeClock
+
+P, A, R, S = JobStatus.PENDING, JobStatus.ADMITTED, JobStatus.RUNNING, JobStatus.SUCCEEDED
+
+
+@pytest.fixture
+def store(state_url):
+    st = open_store(state_url, clock=FakeClock())
+    st.create_team("ml")
+    yield st
+    st.close()
+
+
+def _jobs(store, n: int) -> list:
+    spec = "kind: job\nname: j{i}\nteam: ml\ncommand: x\nworkers: 2\n"
+    return [store.create_job(load_spec_text(spec.format(i=i)), "ann") for i in range(n)]
+
+
+def _admit(job, nodes=("n1", "n2")) -> Move:
+    fields = dict(placement=list(nodes), attempt=job.attempt + 1)
+    return Move(job.id, P, A, Reason.ADMITTED, "placed", fields=fields)
+
+
+def _transitions(store, job_id: str) -> list[tuple]:
+    return [
+        (e.from_status, e.to_status, e.attempt, e.placement)
+        for e in store.list_events(object_id=job_id)
+        if e.type == "JobTransition"
+    ]
+
+
+def test_a_batch_moves_each_job_with_its_event_as_one_transition_would(store):
+    jobs = _jobs(store, 7)
+    store.transition(jobs[3].id, P, JobStatus.CANCELLED, Reason.CANCELLED_BY_USER)
+    recs = store.transitions([_admit(j) for j in jobs], per_commit=3)  # three commits
+    assert [r is None for r in recs] == [False, False, False, True, False, False, False]
+    for job, rec in zip(jobs, recs):
+        if rec is None:
+            continue
+        assert (rec.id, rec.status, rec.attempt, rec.placement) == (job.id, A, 1, ["n1", "n2"])
+        assert rec.spec == job.spec and rec.wait_kind is None
+        assert store.get_job(job.id) == rec
+        assert _transitions(store, job.id) == [("PENDING", "ADMITTED", 1, ["n1", "n2"])]
+    assert store.get_job(jobs[3].id).status == JobStatus.CANCELLED
+    # the events in the order of the moves, after the submissions
+    admitted = [e.object_id for e in store.list_events() if e.to_status == "ADMITTED"]
+    assert admitted == [j.id for i, j in enumerate(jobs) if i != 3]
+    # a mixed batch: starts and a success, with its exit code
+    moves = [Move(jobs[0].id, A, R, Reason.STARTED), Move(jobs[1].id, A, R, Reason.STARTED)]
+    store.transitions(moves)
+    done = Move(jobs[0].id, R, S, Reason.COMPLETED, "ok", fields={"exit_code": 0})
+    (rec,) = store.transitions([done])
+    assert (rec.status, rec.exit_code, rec.message) == (S, 0, "ok")
+    assert rec.finished_at is not None and rec.started_at is not None
+
+
+def test_a_batch_is_checked_before_anything_is_written(store):
+    a, b = _jobs(store, 2)
+    with pytest.raises(IllegalTransition):
+        store.transitions([_admit(a), Move(b.id, P, S, Reason.COMPLETED)])
+    assert [store.get_job(j.id).status for j in (a, b)] == [P, P]
+    with pytest.raises(ValueError):
+        store.transitions([_admit(a), Move(b.id, A, P, Reason.REQUEUED)])  # no cause
+    assert store.get_job(a.id).status == P
+
+
+def test_a_stale_leaders_batch_writes_nothing_and_the_new_leaders_does(store):
+    now = [1000.0]
+    a = LeaderLease(store.engine, "a:1:x", clock=lambda: now[0])
+    b = LeaderLease(store.engine, "b:2:y", clock=lambda: now[0])
+    jobs = _jobs(store, 5)
+    assert a.try_acquire() == 1
+    now[0] += 5  # a was paused past its lease; b takes over
+    assert b.try_acquire() == 2
+    with fenced(a, epoch=1), pytest.raises(StaleLeader):
+        store.transitions([_admit(j) for j in jobs], per_commit=2)
+    # the first commit was refused: nothing of it, and nothing after it, was written
+    assert {store.get_job(j.id).status for j in jobs} == {P}
+    assert all(_transitions(store, j.id) == [] for j in jobs)
+    with fenced(b):
+        assert all(store.transitions([_admit(j) for j in jobs], per_commit=2))
+    assert {store.get_job(j.id).status for j in jobs} == {A}
+
+
+def test_what_follows_a_transition_runs_after_the_commit_in_order(store):
+    jobs = _jobs(store, 3)
+    store.transition(jobs[1].id, P, JobStatus.CANCELLED, Reason.CANCELLED_BY_USER)
+    seen = []
+
+    def then(rec, job=None):
+        # committed before: another connection reads it
+        status = store.get_job(job.id).status
+        seen.append((job.id, None if rec is None else rec.status, status))
+        if job is jobs[0]:
+            raise RuntimeError("one follow-up fails; the others still run")
+
+    batch = TransitionBatch()
+    for job in jobs:
+        batch.add(_admit(job), lambda rec, job=job: then(rec, job))
+    assert seen == []  # nothing written or run before `apply`
+    assert store.get_job(jobs[0].id).status == P
+    batch.apply(store)
+    assert seen == [
+        (jobs[0].id, A, A),
+        (jobs[1].id, None, JobStatus.CANCELLED),
+        (jobs[2].id, A, A),
+    ]
+    batch.apply(store)  # emptied: nothing again
+    assert len(seen) == 3
+
+
+def test_a_spec_is_parsed_once_per_job_and_stored_text():
+    cache = SpecCache(size=16)
+    text = json.dumps(
+        load_spec_text("kind: job\nname: a\nteam: ml\ncommand: x\n").model_dump(mode="json")
+    )
+    first = cache.spec("a-1", text)
+    assert cache.spec("a-1", text) is first  # the same text: not parsed again
+    assert (cache.hits, cache.misses) == (1, 1)
+    other = text.replace('"command": "x"', '"command": "y"')
+    assert cache.spec("a-1", other).command == "y"  # new text under the same id: parsed
+    assert cache.spec("a-2", text) == first and cache.misses == 3
+    for i in range(40):  # bounded: the oldest go
+        cache.spec(f"b-{i}", text)
+    assert len(cache._specs) <= 16
+    assert cache.spec("b-39", text) == first
+
+
+def test_reads_share_the_parsed_spec_of_an_unchanged_job(store):
+    (job,) = _jobs(store, 1)
+    one, two = store.get_job(job.id), store.list_jobs(limit=None)[0]
+    assert one.spec is two.spec and one.spec == job.spec
+    assert store.get_jobs([job.id])[0].spec is one.spec
+
+
+def test_a_refused_commit_stops_its_batch_but_what_committed_before_is_followed_up(store):
+    now = [1000.0]
+    a = LeaderLease(store.engine, "a:1:x", clock=lambda: now[0])
+    jobs = _jobs(store, 4)
+    assert a.try_acquire() == 1
+    done: list[str] = []
+
+    def then(rec):
+        done.append(rec.id)
+        if rec.id == jobs[1].id:  # the lease runs out after the first commit
+            now[0] += 60
+
+    batch = TransitionBatch()
+    for job in jobs:
+        batch.add(_admit(job), then)
+    with fenced(a), pytest.raises(StaleLeader):
+        batch.apply(store, per_commit=2)  # 2 + 2: the second commit is refused
+    assert done == [jobs[0].id, jobs[1].id]
+    assert [store.get_job(j.id).status for j in jobs] == [A, A, P, P]
+
+
+class Reads:
+    """The real store, counting the jobs that `get_jobs` is asked for."""
+
+    def __init__(self, store):
+        self.store, self.asked = store, []
+
+    def get_jobs(self, ids):
+        ids = list(ids)
+        self.asked.append(sorted(ids))
+        return self.store.get_jobs(ids)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_the_waits_the_loop_wrote_are_not_read_back_yet_equal_a_full_read(store):
+    reads = Reads(store)
+    pending = PendingJobs(reads, resync_s=1e9)  # increments only, after the first read
+
+    def full() -> list:
+        return store.list_jobs(statuses=[P], limit=None)
+
+    jobs = _jobs(store, 6)
+    assert pending.refresh() == full()
+    store.clock.advance(5)
+    waits = [(j.id, f"waits for {j.name}", WaitKind.CAPACITY) for j in jobs]
+    assert store.set_wait_messages(waits, written=pending.written) == 6
+    assert len(pending.written) == 6
+    assert pending.refresh() == full()  # message, kind and updated_at as written
+    assert reads.asked == [[]] and pending.written == {}
+    # the loop's write and another one to the same job: that job is read
+    store.clock.advance(5)
+    again = [(j.id, "waits for quota", WaitKind.QUOTA) for j in jobs[:3]]
+    assert store.set_wait_messages(again, written=pending.written) == 3
+    store.transition(jobs[0].id, P, JobStatus.CANCELLED, Reason.CANCELLED_BY_USER)
+    store.set_wait_message(jobs[1].id, "an older replica's word", WaitKind.CAPACITY)
+    assert pending.refresh() == full() and len(full()) == 5
+    assert reads.asked[-1] == sorted([jobs[0].id, jobs[1].id])
+    # a view kept for a job whose wait changed is the view made anew
+    views = pending.views(pending.refresh(), {})
+    assert views == [job_workload(j) for j in full()]
