@@ -18,7 +18,7 @@ import json
 import pytest
 
 from aicluster.client import artifacts
-from aicluster.client.api import ApiError
+from aicluster.client.api import TERMINAL, ApiError
 from aicluster.engine.protocol import GPU_MODEL_LABEL, POOL_LABEL
 
 from harness import COMMON_NODE_ARGS, run_cli, wait_for
@@ -138,12 +138,31 @@ def test_doctor_measures_every_check_and_flags_the_slowed_node(
 
     job = admin.job(report["job_id"])
     assert job["status"] == "SUCCEEDED" and sorted(job["placement"]) == sorted(three_nodes)
+    assert job["spec"]["nodes"] == three_nodes  # pinned to the named nodes
     try:  # what its ranks pushed does not outlive the run
         left = artifacts.describe(admin, f"{job['team']}/{job['name']}-ckpt").get("versions")
     except ApiError as gone:
         assert gone.status_code == 404
     else:
         assert not left, left
+
+
+def test_a_job_pinned_to_nodes_runs_only_there(admin, three_nodes):
+    # Unpinned, the tie between idle nodes of one shape goes to the first by name and id;
+    # pinned to the last of the uncordoned ones, the job runs there (core.topology).
+    target = max(three_nodes[0], three_nodes[2])
+    spec = {
+        "kind": "job",
+        "name": "pinned-one",
+        "resources": {"cpus": 1, "gpu_model": MODEL},
+        "nodes": [target],
+        "command": ["python", "-c", "pass"],
+    }
+    job = admin.wait(admin.submit(spec)["id"], TERMINAL, timeout=120)
+    assert job["status"] == "SUCCEEDED" and job["placement"] == [target], job
+    with pytest.raises(ApiError) as bad:
+        admin.submit({**spec, "nodes": ["not a node"]})
+    assert bad.value.status_code == 422 and "nodes" in bad.value.message, bad.value.message
 
 
 def test_doctor_refuses_bad_options_naming_them(control_plane, three_nodes, tmp_path):

@@ -8,13 +8,13 @@ waits for it, reads the probe's `DOCTOR {...}` lines from every rank's log, judg
 (core.doctor: against the plan's hardware with `--expect`, and relative to the other
 nodes always), prints the report and exits 1 when a check fails (0 otherwise).
 
-One worker per node: the platform places a gang on the fewest nodes, and job specs have
-no node selector. Each worker therefore asks for a whole node (its CPUs, GPUs and GPU
-model), so no two workers can share one; the nodes must all have that one shape (name
-nodes of one shape with --nodes otherwise), and the job waits until they are idle — a
-busy node's figures would mislead anyway. When other idle nodes of the same shape
-exist, the gang may land on them instead of the named ones: the report names the nodes
-it measured, and says which named ones it did not.
+One worker per node, on exactly the chosen nodes: the job spec pins the gang to them
+(`nodes:`, a hard constraint: no other node is ever used) and each worker asks for a
+whole node (its CPUs, GPUs and GPU model), so no two workers can share one and every
+chosen node gets one rank. The nodes must all have that one shape (name nodes of one
+shape with --nodes otherwise), and the job waits until they are idle — a busy node's
+figures would mislead anyway. The report names the nodes it measured, and says which
+chosen ones sent no figures.
 
 Invariants:
 - Bad options exit 2 naming the option (before anything is submitted); a failed API
@@ -141,6 +141,7 @@ def job_spec(name: str, nodes: list[dict], probe_args: list[str]) -> dict:
         "kind": "job",
         "name": name,
         "workers": len(nodes),
+        "nodes": [n["node_id"] for n in nodes],  # pinned: the ranks land on exactly these
         "resources": resources,
         "command": ["python", "-m", "aicluster.runtime.doctor_probe", *probe_args],
     }
@@ -341,7 +342,7 @@ def doctor(
         print_table(report, names)
         if skipped:
             out.print_error(
-                "named but not measured (another idle node of their shape was taken): "
+                "chosen but not measured (no figures came from them): "
                 + ", ".join(names.get(n, n) for n in skipped)
             )
         for node_id in cordoned:

@@ -46,6 +46,7 @@ class WorkloadView:
     started_at: float | None = None
     preemptible: bool = True
     preferred_nodes: tuple[str, ...] = ()  # nodes that cache its artifacts (a soft hint)
+    nodes: frozenset[str] | None = None  # the only nodes it may use (spec `nodes`), a hard rule
 
     def gang(self) -> GangRequest:
         """Its GangRequest, made once (both are immutable): a view kept across ticks
@@ -66,6 +67,7 @@ class WorkloadView:
             submitted_at=self.created_at,
             preemptible=self.preemptible,
             preferred_nodes=self.preferred_nodes,
+            nodes=self.nodes,
         )
 
 
@@ -109,6 +111,7 @@ def job_workload(job: JobRecord, where: dict[str, set[str]] | None = None) -> Wo
         # a pending job's view is its gang: nothing in it changes with its wait message
         started_at=job.started_at or (None if job.status == JobStatus.PENDING else job.updated_at),
         preferred_nodes=nodes_holding(job_artifact_keys(job.spec), where) if where else (),
+        nodes=frozenset(job.spec.nodes) if job.spec.nodes is not None else None,
     )
 
 

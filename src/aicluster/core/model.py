@@ -89,6 +89,9 @@ class GangRequest:
     # Soft preference: nodes that already cache its artifacts (tried first when one node
     # holds the whole gang; never a reason to wait).
     preferred_nodes: tuple[str, ...] = ()
+    # Hard constraint: the only nodes (ids) its workers may use; None: any node. Part of
+    # `shape`: gangs pinned to different nodes never share a memoised answer.
+    nodes: frozenset[str] | None = None
 
     @cached_property
     def total(self) -> Res:
@@ -100,7 +103,16 @@ class GangRequest:
         """What placing it depends on (not who asks, nor its preferred nodes), as plain
         values: a key that policies' memos hash cheaply."""
         w = self.per_worker
-        return (self.workers, w.cpus, w.memory, w.gpus, self.gpu_model, self.locality, self.pool)
+        return (
+            self.workers,
+            w.cpus,
+            w.memory,
+            w.gpus,
+            self.gpu_model,
+            self.locality,
+            self.pool,
+            self.nodes,
+        )
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ Preference, the same for every policy:
 4. best fit: the fullest node (or group) that still holds what is left, to limit
    fragmentation; ties break by node name, so a snapshot always gives one answer.
 `GangRequest.locality` caps the scope: a gang with locality "rack" waits rather than
-span racks.
+span racks. `GangRequest.nodes` (when set) is a hard constraint: no other node is ever
+considered (`allowed`), not for placement, reservations nor the reasons it waits.
 
 Invariant: `FreeIndex.take` is only called with a placement that `place` returned on
 the current free capacity, so free capacity never goes below zero; `release` gives
@@ -37,6 +38,19 @@ SCOPES = ("node", "nvlink", "rack", "pool")
 def model_ok(node: NodeView, gang: GangRequest) -> bool:
     """The gang asks no GPU model, or the node's model matches (case-insensitive)."""
     return gang.gpu_model is None or (node.gpu_model or "").lower() == gang.gpu_model.lower()
+
+
+def allowed(node: NodeView, gang: GangRequest) -> bool:
+    """The node may take workers of the gang: its GPU model matches and, when the gang is
+    pinned to nodes (`GangRequest.nodes`), it is one of them."""
+    return model_ok(node, gang) and (gang.nodes is None or node.node_id in gang.nodes)
+
+
+def named(node_ids) -> str:
+    """ "n1, n2, n3" (sorted; the first 5 and how many more)."""
+    ids = sorted(node_ids)
+    more = f" and {len(ids) - 5} more" if len(ids) > 5 else ""
+    return ", ".join(ids[:5]) + more
 
 
 def scope_key(node: NodeView, scope: str) -> str:
@@ -207,7 +221,7 @@ class FreeIndex:
         cands = [
             (-max(0, self.free[i].gpus), self.rank[i], i)
             for i in p.ids
-            if i not in self.held and model_ok(self.node[i], gang)
+            if i not in self.held and allowed(self.node[i], gang)
         ]
         chosen, room = [], 0
         for _, _, node_id in sorted(cands):
@@ -267,7 +281,7 @@ class FreeIndex:
                 and node.pool == p.name
                 and node_id not in avoid
                 and node_id not in self.held
-                and model_ok(node, gang)
+                and allowed(node, gang)
                 and gang.per_worker.count_in(self.free[node_id]) >= gang.workers
             ):
                 return node_id
@@ -275,7 +289,7 @@ class FreeIndex:
         for g in range(need, p.max_node_gpus + 1):
             for rank in p.buckets.get(g, ()):
                 node_id = self.ids[rank]
-                if node_id in avoid or not model_ok(self.node[node_id], gang):
+                if node_id in avoid or not allowed(self.node[node_id], gang):
                     continue
                 if gang.per_worker.count_in(self.free[node_id]) >= gang.workers:
                     return node_id
@@ -289,7 +303,7 @@ class FreeIndex:
         for g in range(max(gang.per_worker.gpus, 0), p.max_node_gpus + 1):
             for rank in p.buckets.get(g, ()):
                 node_id = self.ids[rank]
-                if node_id in avoid or not model_ok(self.node[node_id], gang):
+                if node_id in avoid or not allowed(self.node[node_id], gang):
                     continue
                 k = min(gang.per_worker.count_in(self.free[node_id]), gang.workers)
                 if k > 0:
@@ -379,13 +393,18 @@ def _candidates(index: FreeIndex, gang: GangRequest, pool: str) -> list[Res]:
     p = index.pools.get(pool)
     if p is None:
         return []
-    return [index.free[i] for i in p.ids if model_ok(index.node[i], gang) and i not in index.held]
+    return [index.free[i] for i in p.ids if allowed(index.node[i], gang) and i not in index.held]
 
 
 def why_no_room(index: FreeIndex, gang: GangRequest, pool: str) -> tuple[WaitKind, str]:
     """What a gang that `place` refused in `pool` waits for (LOCALITY when enough GPUs are
     free but spread out, else CAPACITY) and a sentence a user can act on: it names the
     resource that is short (core.bottleneck), not always the GPUs."""
+    if gang.nodes is not None:
+        return WaitKind.CAPACITY, (
+            f"waiting for its nodes {named(gang.nodes)} in pool {pool}: needs "
+            f"{describe(gang)}; {shortage(_candidates(index, gang, pool), gang, 'free on them')}"
+        )
     total = gang.total.gpus
     free = index.pool_free_gpus(pool)
     if gang.locality in ("node", "nvlink", "rack") and total <= free:
@@ -404,6 +423,8 @@ def never_fits_reason(empty: FreeIndex, gang: GangRequest, pools: list[str]) -> 
     """None when some pool, empty, would hold the gang; else why none could, ever."""
     if any(empty.place(gang, pool) is not None for pool in pools):
         return None
+    if gang.nodes is not None:
+        return _pinned_never(empty, gang)
     best = None
     for pool in pools:
         caps = _candidates(empty, gang, pool)
@@ -428,3 +449,24 @@ def never_fits_reason(empty: FreeIndex, gang: GangRequest, pools: list[str]) -> 
         f"could never fit: needs {describe(gang)}; the largest pool has {has}"
         f" on {len(caps)} matching node(s)"
     )
+
+
+def _pinned_never(empty: FreeIndex, gang: GangRequest) -> str:
+    """Why a gang pinned to nodes could never fit on them (named in the sentence)."""
+    missing = [i for i in gang.nodes or () if i not in empty.node]
+    if len(missing) == len(gang.nodes or ()):
+        return (
+            f"could never fit: no schedulable node {named(missing)} (its nodes; "
+            "see `aicluster nodes`)"
+        )
+    there = [empty.node[i] for i in gang.nodes or () if i in empty.node]
+    why = f"needs {describe(gang)}; its nodes {named(gang.nodes or ())}"
+    if missing:
+        why += f" include no schedulable node {named(missing)}, and the others"
+    pools = sorted({n.pool for n in there})
+    if len(pools) > 1:
+        return f"could never fit: {why} are in pools {', '.join(pools)} (a gang uses one pool)"
+    wrong = [n.node_id for n in there if not model_ok(n, gang)]
+    if wrong:
+        return f"could never fit: {why} have no {gang.gpu_model} GPUs on {named(wrong)}"
+    return f"could never fit: {why} do not hold it even when idle"

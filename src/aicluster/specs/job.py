@@ -2,6 +2,9 @@
 
 Vocabulary: a job has `workers` (the gang size); each worker gets `resources`.
 Memory is given in bytes or with a unit (`512Mi`, `2Gi`, `1G`); it is stored in bytes.
+`nodes` pins the gang: a hard constraint (Slurm's --nodelist, a Kubernetes node selector
+by name) naming node ids as `aicluster nodes` shows them; no other node is ever used, and
+the job waits while they are busy (core.topology). Not every named node must be used.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from aicluster.specs.limits import (
 )
 from aicluster.specs.names import NAME_PATTERN
 
+MAX_NODES = 4096  # as many as a gang has workers
+_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # Ray's hex ids, sim's n0001
 _NAME = NAME_PATTERN  # the one naming rule (spec.names), under its historical name here
 _UNITS = {
     "": 1,
@@ -204,6 +209,13 @@ class JobSpec(Strict):
         description="not supported: jobs run on the node's OS in the workload sandbox; "
         "use environment for Python packages (README: container images)",
     )
+    nodes: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NODES,
+        description="the only nodes (ids, as `aicluster nodes` shows) its workers may use; "
+        "it waits while they are busy (default: any node)",
+    )
     max_pending_seconds: float | None = Field(
         default=None,
         gt=0,
@@ -233,6 +245,23 @@ class JobSpec(Strict):
                 check_command(v, info.data["command"])
             except ValueError as exc:
                 raise ValueError(f"{v} cannot start this command: {exc}") from None
+        return v
+
+    @field_validator("nodes")
+    @classmethod
+    def _node_ids(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        seen: set[str] = set()
+        for node_id in v:
+            if not _NODE_ID.fullmatch(node_id):
+                raise ValueError(
+                    f"invalid node id {node_id[:80]!r}: letters, digits and . _ : - "
+                    "(at most 128; see `aicluster nodes`)"
+                )
+            if node_id in seen:
+                raise ValueError(f"node {node_id!r} is named twice")
+            seen.add(node_id)
         return v
 
     @field_validator("image")

@@ -163,7 +163,7 @@ class Cycle:
         return self._never_shapes[g.shape]
 
     def _never_fits(self, g: GangRequest) -> str | None:
-        key = (g.workers, g.per_worker, (g.gpu_model or "").lower(), g.locality, g.pool)
+        key = (g.workers, g.per_worker, (g.gpu_model or "").lower(), g.locality, g.pool, g.nodes)
         if key not in self._never:
             self._empty = self._empty_index()
             pools = self.pools_for(g) if g.pool is None else [g.pool]
