@@ -9,6 +9,12 @@ on 127.0.0.1, in memory) and each layout of a model of `--size` bytes (many 4 Mi
 files; one large file), it measures:
 
 - raw copy:   `shutil.copytree` of the source folder to a new folder (the baseline);
+- raw copy+fsync, hash only (local folder; not baselines, shown against the raw copy):
+              the same copy with each file fsync'd as it is written (what a durable
+              copy costs on this disk: push fsyncs every blob it stages), and
+              `client.transfer.scan` of the source alone (the SHA-256 every push and
+              pull does, on all cores): costs push (both) and pull (the hash) cannot
+              avoid, so the ratios they reach are bounds for push's and pull's;
 - boto3 upload / download (S3 only): boto3's transfer manager, the baseline on S3;
 - push via API / pull via API: the byte routes of the API (what a client that cannot
               reach the storage uses), through the real artifact API (FastAPI +
@@ -190,8 +196,23 @@ def boto3_transfers(storage, src: Path, dest: Path) -> dict[str, float]:
     return out
 
 
+def copy_synced(src: Path, dest: Path) -> None:
+    """`shutil.copytree`, each file fsync'd once written (a durable raw copy)."""
+
+    def copy(a: str, b: str) -> None:
+        shutil.copy2(a, b)
+        fd = os.open(b, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    shutil.copytree(src, dest, copy_function=copy)
+
+
 def run_case(tmp: Path, url: str, token: str, size: int, many: bool, name: str, storage) -> dict:
     from aicluster.client import artifacts as arts
+    from aicluster.client import transfer
     from aicluster.client.api import Client
     from aicluster.runtime.cache import BlobCache, release
 
@@ -200,7 +221,12 @@ def run_case(tmp: Path, url: str, token: str, size: int, many: bool, name: str, 
     os.sync()
     out["raw copy"] = timed(lambda: shutil.copytree(src, tmp / "raw"))
     shutil.rmtree(tmp / "raw")
-    if storage.is_s3:
+    if not storage.is_s3:
+        os.sync()
+        out["raw copy+fsync"] = timed(lambda: copy_synced(src, tmp / "raw"))
+        shutil.rmtree(tmp / "raw")
+        out["hash only"] = timed(lambda: transfer.scan(src))
+    else:
         out |= boto3_transfers(storage, src, tmp / "raw")
     with Client(url, token, timeout=600) as c:
         out["push"] = timed(lambda: arts.push(c, src, name, "model"))
@@ -226,6 +252,8 @@ def run_case(tmp: Path, url: str, token: str, size: int, many: bool, name: str, 
 
 # The baseline each step is compared with (the first of these the run measured).
 BASELINE = {
+    "raw copy+fsync": ("raw copy",),
+    "hash only": ("raw copy",),
     "push": ("boto3 upload", "raw copy"),
     "push via API": ("boto3 upload", "raw copy"),
     "pull": ("boto3 download", "raw copy"),

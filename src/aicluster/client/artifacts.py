@@ -8,8 +8,11 @@ artifact format's (`aicluster.artifacts`).
 Invariants:
 - `push` hashes every file locally, uploads only the blobs the server lacks
   (so pushing again after an interrupted push resumes it) and makes the version
-  visible with one commit; a file that changes while it is pushed fails the push
-  (the server refuses bytes that do not match the declared hash).
+  visible with one commit; a file that changes size while it is pushed fails the
+  push. A same-size change between hashing and upload is refused at push through the
+  API's blob routes, by S3's signed checksum and under `verify: read`; on a local
+  folder's direct path without `verify: read` the publish checks sizes only, so it is
+  found on read (every read hashes) and by `scrub`, not at push.
 - `pull` checks every downloaded file against its sha256 and creates DEST only
   when complete; with a `BlobCache` it materialises a read-only folder of links
   into the cache and downloads only blobs the cache lacks.
