@@ -8,6 +8,7 @@ test module is collected.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -26,6 +27,17 @@ def pytest_configure(config):
     os.environ.setdefault("AWS_AICLUSTER_CANARY_SECRET", "canary-" + os.urandom(8).hex())
 
     apply_ray_env(SESSION_HOME / "ray-session")
+
+
+def pytest_unconfigure(config):
+    # The session's folder (Ray's session files, the control plane's home and logs) goes
+    # when the run passed; a failed run keeps it for its logs.
+    if getattr(config, "_aic_failed", True) is False:
+        shutil.rmtree(SESSION_HOME, ignore_errors=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config._aic_failed = exitstatus != 0
 
 
 @pytest.fixture(scope="session")
