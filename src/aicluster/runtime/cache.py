@@ -97,6 +97,12 @@ class BlobCache:
         if final.exists():
             os.utime(final)
             return final, None
+        return final, self._download(digest, fetch, progress)
+
+    def _download(self, digest: str, fetch: Fetch, progress: Progress | None) -> int:
+        """Fetch `digest` into `tmp/`, check it, make it read-only and rename it into
+        place (the same bytes as any blob it replaces); the bytes downloaded."""
+        final = self.path(digest)
         tmp = self.root / "tmp" / f"{digest}.{uuid.uuid4().hex[:8]}"
         try:
             tmp.touch()
@@ -109,7 +115,7 @@ class BlobCache:
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
-        return final, n
+        return n
 
     def ensure_apart(self, digest: str, fetch: Fetch, progress: Progress | None = None) -> int:
         """`ensure` under a lock of its own kind (`locks/apart-<2 hex>.lock`), never the
@@ -119,19 +125,7 @@ class BlobCache:
         with FileLock(str(self.root / "locks" / f"apart-{digest[:2]}.lock")):
             if self.locate(digest) is not None:
                 return 0
-            tmp = self.root / "tmp" / f"{digest}.{uuid.uuid4().hex[:8]}"
-            try:
-                tmp.touch()
-                try:
-                    n = write_piece(fetch, (digest, digest, tmp, 0), progress)
-                except ValueError as exc:
-                    raise CacheCorrupt(f"blob {digest}: {exc}") from None
-                os.chmod(tmp, 0o444)
-                self.path(digest).parent.mkdir(exist_ok=True)
-                os.replace(tmp, self.path(digest))  # same bytes as any blob it replaces
-            finally:
-                tmp.unlink(missing_ok=True)
-        return n
+            return self._download(digest, fetch, progress)
 
     # -- folders ----------------------------------------------------------------------
 
