@@ -522,6 +522,17 @@ def _free_port() -> int:
 # --------------------------------------------------------------------------- analysis
 
 
+def last_lines(client, job_id: str, job: dict, n: int = 4) -> str:
+    """The last `n` lines of each rank's log in the job's last attempt, indented (empty
+    when there are none), for the report of a failed job."""
+    attempt = job.get("attempt") or 0
+    out = []
+    for rank in range(job["spec"]["workers"]):
+        tail = read_log(client, job_id, rank, attempt).splitlines()[-n:] if attempt else []
+        out += [f"\n      rank {rank} attempt {attempt}: {line[:200]}" for line in tail]
+    return "".join(out)
+
+
 def read_log(client, job_id: str, rank: int, attempt: int) -> str:
     from aicluster.client.api import ApiError
 
@@ -673,6 +684,7 @@ def analyse(ch: Chaos) -> Results:
             succeeded.append(jid)
         elif status in TERMINAL:
             failed[jid] = f"{status} {j['reason']}: {j.get('message') or ''}".strip()
+            failed[jid] += last_lines(admin, jid, j)  # why it failed, in its own words
         else:
             stuck.append(jid)
         intervals: dict[str, list[float]] = {}
