@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import time
 
 from aicluster.artifacts.manifest import FileEntry, Manifest
 from aicluster.control.inputs_progress import InputsProgress
@@ -72,9 +71,8 @@ def _artifact(tmp_path, size: int) -> tuple[dict, StorageConfig]:
 def _log_of_run(tmp_path, name: str, item: dict, storage) -> str:
     w = WorkerProcess("job", 1, 0, scratch_root=str(tmp_path / name))
     w.start('wc -c < "$DATA_DIR/a.bin"', {}, None, inputs=[item], storage=storage)
-    deadline = time.time() + 30
-    while (st := w.status(0))["exit_code"] is None and time.time() < deadline:
-        time.sleep(0.02)
+    w.proc.wait(timeout=30)  # the command's exit; status() then has its whole log
+    st = w.status(0)
     assert st["exit_code"] == 0, st["log"]
     w.stop()
     return st["log"].decode()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from planner_support import plan_of, problems
 from typer.testing import CliRunner
 
 from aicluster.cli import plan_cmds
@@ -31,19 +32,6 @@ app.command("version")(lambda: None)  # a second command keeps typer from flatte
 NAME_WORDS = (
     "use 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit"
 )
-
-
-def problems(tmp_path: Path, text: str) -> dict[str, tuple[int | None, str]]:
-    """{field: (line, message)} of a plan the CLI refuses."""
-    path = tmp_path / "plan.yaml"
-    path.write_text(text)
-    with pytest.raises(SpecError) as info:
-        load_plan(path)
-    return {i.field: (i.line, i.message) for i in info.value.issues}
-
-
-def plan_of(text: str) -> dict:
-    return plan_to_dict(make_plan(resolve(load_plan_spec_text(text), CAT)))
 
 
 SERVE = "kind: plan\nname: p\nserve:\n  - name: chat\n    model: llama-3-8b\n"

@@ -16,6 +16,7 @@ Calibration point (published figure, source, tolerance):
 from __future__ import annotations
 
 import pytest
+from planner_support import plan_of, problems
 
 from aicluster.cli.plan_cmds import load_plan
 from aicluster.planner.assumptions import Assumptions
@@ -145,10 +146,9 @@ def test_expert_parallel_charges_all_to_alls_per_moe_layer():
 
 
 def test_serve_spec_expert_parallel_reaches_the_plan():
-    spec = load_plan_spec_text(
+    d = plan_of(
         "kind: plan\nname: p\nserve:\n  - {name: moe, model: mixtral-8x7b, expert_parallel: 4}\n"
     )
-    d = plan_to_dict(make_plan(resolve(spec, CAT)))
     chosen = d["serve"][0]["chosen"]
     assert (chosen["tensor_parallel"], chosen["expert_parallel"]) == (4, 4)
     assert serve_rows(d)[0]["tp x pp"] == "4 x 1 (ep 4)"
@@ -159,11 +159,7 @@ def test_serve_spec_expert_parallel_reaches_the_plan():
 
 def _errors(tmp_path, line: str) -> dict[str, tuple[int | None, str]]:
     """{field: (line, message)} of a one-workload plan the CLI refuses."""
-    path = tmp_path / "plan.yaml"
-    path.write_text(f"kind: plan\nname: p\nserve:\n  - {{{line}}}\n")
-    with pytest.raises(SpecError) as info:
-        load_plan(path)
-    return {i.field: (i.line, i.message) for i in info.value.issues}
+    return problems(tmp_path, f"kind: plan\nname: p\nserve:\n  - {{{line}}}\n")
 
 
 def test_serve_expert_parallel_errors_name_the_values(tmp_path):

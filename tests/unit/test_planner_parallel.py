@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from planner_support import plan_of, problems
 
 from aicluster.cli.plan_cmds import load_plan
 from aicluster.planner.assumptions import Assumptions
@@ -52,18 +53,6 @@ def request(model="mixtral-8x7b", **kw) -> TrainRequest:
     }
     base.update(kw)
     return TrainRequest(**base)
-
-
-def problems(tmp_path: Path, text: str) -> dict[str, tuple[int | None, str]]:
-    path = tmp_path / "plan.yaml"
-    path.write_text(text)
-    with pytest.raises(SpecError) as info:
-        load_plan(path)
-    return {i.field: (i.line, i.message) for i in info.value.issues}
-
-
-def plan_of(text: str) -> dict:
-    return plan_to_dict(make_plan(resolve(load_plan_spec_text(text), CAT)))
 
 
 # --- the spec and its checks ----------------------------------------------------------

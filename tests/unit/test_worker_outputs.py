@@ -4,8 +4,6 @@ a model) writes only the chunks that changed."""
 
 from __future__ import annotations
 
-import time
-
 from aicluster.artifacts.chunks import CHUNK_SIZE, CHUNKED_ABOVE, chunk_root
 from aicluster.artifacts.manifest import check_files
 from aicluster.runtime.worker import WorkerProcess
@@ -24,9 +22,8 @@ WRITE = (
 def _run(tmp_path, name: str, last_byte: int) -> WorkerProcess:
     w = WorkerProcess("job", 1, 0, scratch_root=str(tmp_path / name))
     w.start(["python3", "-c", WRITE.format(size=SIZE), str(last_byte)], {}, None)
-    deadline = time.time() + 60
-    while (st := w.status(0))["exit_code"] is None and time.time() < deadline:
-        time.sleep(0.05)
+    w.proc.wait(timeout=60)  # the command's exit; status() then has its whole log
+    st = w.status(0)
     assert st["exit_code"] == 0, st["log"]
     return w
 
