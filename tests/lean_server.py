@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 from aicluster.gateway.fastpath import FastPath
 from aicluster.gateway.httpserver import LeanServer
-from aicluster.gateway.process import reuseport_socket
+from aicluster.gateway.process import BACKLOG, reuseport_socket
 
 from asgi_server import serving
 from harness import free_port, wait_for
@@ -28,7 +28,7 @@ def serving_lean(gateway, app, port: int | None = None):
     async def main() -> None:
         stop = asyncio.Event()
         server = LeanServer(gateway, app)
-        await server.start(sock)
+        await server.start(sock, BACKLOG)
         state["loop"], state["stop"] = asyncio.get_running_loop(), stop
         ready.set()
         try:

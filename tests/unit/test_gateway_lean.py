@@ -6,7 +6,9 @@ HTTP/1.0 requests, streams that pass through unheld, clients that leave mid-stre
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
+import subprocess
 import threading
 from contextlib import contextmanager
 
@@ -17,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
 from aicluster.control.endpoints import Endpoint, EndpointTable, ServiceEndpoints
+from aicluster.gateway.process import BACKLOG
 from aicluster.gateway.proxy import Gateway
 from aicluster.gateway.upstream import Pool, ReplicaError
 from aicluster.runtime.simulated_core import SimulatedEngineOptions
@@ -306,3 +309,19 @@ def test_a_client_that_leaves_mid_stream_frees_the_request_and_the_replica(lean)
         wait_for(lambda: table.demand("team-a", "chat").ongoing == 0, timeout=5, what="freed")
         paced.go.set()
         wait_for(paced.finished.is_set, timeout=10, what="the replica's stream ended")
+
+
+def _listen_backlog(port: int) -> int:
+    """The backlog the kernel holds for the socket listening on `port` (`ss`'s Send-Q)."""
+    out = subprocess.run(
+        ["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return int(out[2])
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_the_server_listens_with_the_gateway_backlog_not_asyncios_default(lean):
+    # asyncio's create_server(sock=...) listens again with backlog 100 unless told: 1,000
+    # clients connecting at once then saw their connections reset (the soak's ReadErrors).
+    _table, url = lean
+    assert _listen_backlog(int(url.rsplit(":", 1)[1])) == BACKLOG == 2048

@@ -254,8 +254,12 @@ class LeanServer:
         self.stopping = False
         self._server: asyncio.AbstractServer | None = None
 
-    async def start(self, sock) -> None:
-        self._server = await self.loop.create_server(lambda: _Conn(self), sock=sock)
+    async def start(self, sock, backlog: int) -> None:
+        """Serve on `sock`, a listening socket; asyncio listens on it again, with `backlog`
+        (left out, its default of 100 would replace the socket's own)."""
+        self._server = await self.loop.create_server(
+            lambda: _Conn(self), sock=sock, backlog=backlog
+        )
 
     async def serve_until(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, closing idle keep-alive connections as they expire;

@@ -44,6 +44,10 @@ from typing import Any
 log = logging.getLogger("aicluster.gateway")
 FIRST_SYNC_S = 10.0
 TOKEN_ENV = "AICLUSTER_GATEWAY_TOKEN"
+# Connections the kernel queues before they are accepted. A burst of 1,000 clients overflows
+# a backlog of 100 (asyncio's default): their ACKs are dropped and they see the connection
+# reset on their first read.
+BACKLOG = 2048
 
 
 def gateway_id() -> str:
@@ -57,7 +61,7 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.listen(2048)
+    sock.listen(BACKLOG)
     sock.set_inheritable(True)
     return sock
 
@@ -165,7 +169,7 @@ async def serve_lean(parts: Parts, sock: socket.socket) -> None:
     server = LeanServer(parts.gateway, parts.app)
     parts.start()
     try:
-        await server.start(sock)
+        await server.start(sock, BACKLOG)
         await server.serve_until(stop)
     finally:
         await parts.stop()
@@ -195,6 +199,7 @@ def serve_uvicorn(parts: Parts, sock: socket.socket) -> None:
         access_log=False,
         use_colors=False,
         timeout_keep_alive=30,
+        backlog=BACKLOG,
     )
     uvicorn.Server(config).run(sockets=[sock])
 
