@@ -6,10 +6,12 @@ from the Philly trace.
 Run:   .venv/bin/python bench/control_plane_scale.py                       (1,000 nodes,
                                                                             100,000 jobs)
        .venv/bin/python bench/control_plane_scale.py --nodes 50 --jobs 2000  (< 1 min)
-Options: --api-submits (jobs submitted through POST /v1/jobs and timed; the rest of the
-queue is preloaded straight into the store, not timed), --concurrency (submitting
-clients), --ticks, --time-scale (trace seconds per wall second of a job's run), --pages,
---trace (philly.csv; synthetic Philly-like jobs when it is absent), --json FILE.
+Options: --python-gc (default: the collector thresholds the control-plane server sets,
+control.gc_settings; `default`: CPython's, to compare), --api-submits (jobs submitted
+through POST /v1/jobs and timed; the rest of the queue is preloaded straight into the
+store, not timed), --concurrency (submitting clients), --ticks, --time-scale (trace seconds
+per wall second of a job's run), --pages, --trace (philly.csv; synthetic Philly-like jobs
+when it is absent), --json FILE.
 
 What it reports, in one table with ratios (every figure from this run):
 - submit: POST /v1/jobs throughput (jobs/s) and latency p50/p99, with the loop idle;
@@ -46,6 +48,7 @@ from sqlalchemy import insert
 
 from aicluster.api.app import create_app
 from aicluster.control.api_ops import ApiOps
+from aicluster.control.gc_settings import tune_for_control_plane
 from aicluster.control.jobs_loop import Controller
 from aicluster.control.logs import LogStore
 from aicluster.core.lifecycle import JobStatus, Reason
@@ -346,7 +349,15 @@ def main() -> None:
     ap.add_argument("--trace", type=Path, default=TRACE)
     ap.add_argument("--deadline", type=float, default=900.0, help="seconds, for the ticks")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--python-gc",
+        choices=("control-plane", "default"),
+        default="control-plane",
+        help="the collector thresholds the server sets (control.gc_settings) or CPython's",
+    )
     args = ap.parse_args()
+    if args.python_gc == "control-plane":
+        tune_for_control_plane()
     if args.nodes < 1 or args.jobs < 1:
         ap.error("--nodes and --jobs must be at least 1")
     deadline = time.monotonic() + args.deadline
