@@ -234,6 +234,68 @@ def test_a_paused_leader_is_fenced_and_leads_no_more(replicas):
     assert late == 0, "no requeue or failure from a stale leader"
 
 
+def test_a_leader_paused_mid_admission_under_load_starts_nothing_twice(replicas):
+    """SIGSTOP of the leader while it admits from a queue deeper than the cluster (14 jobs,
+    8 fit), more work submitted to the follower while it is paused and to the old leader
+    after SIGCONT: the follower leads, every job SUCCEEDED, each command started once, and
+    whatever the paused leader still tried when it woke was fenced (its LeadershipLost
+    event counts the stale writes; no job failed)."""
+    cps, db, shared = (replicas["a"], replicas["b"]), replicas["db"], replicas["shared"]
+    leader = wait_for(lambda: _leader_of(cps), timeout=30, what="a leader")
+    follower = cps[1] if leader is cps[0] else cps[0]
+    before = _leader_holder(leader)
+    ids = _submit(follower, shared, "u", 14)
+
+    def admitting() -> bool:  # jobs running and a queue left: the leader is mid-admission
+        statuses = Counter(follower.client().job(j)["status"] for j in ids)
+        return statuses["RUNNING"] >= 4 and statuses["PENDING"] >= 1
+
+    wait_for(admitting, timeout=60, interval=0.1, what="the leader admitting from a queue")
+    os.killpg(leader.proc.pid, signal.SIGSTOP)
+    try:
+        ids += _submit(follower, shared, "u-paused", 4)
+        took = wait_for(
+            lambda: (lead := _leader_holder(follower)) and lead[1] > before[1] and lead,
+            timeout=20,
+            interval=0.05,
+            what="the follower to lead while the leader is paused",
+        )
+    finally:
+        os.killpg(leader.proc.pid, signal.SIGCONT)
+    ids += _submit(leader, shared, "u-woken", 4)  # the old leader serves writes as a follower
+    done = wait_for(lambda: _all_terminal(follower, ids), timeout=150, what="the 22 jobs to end")
+    assert [j["status"] for j in done] == ["SUCCEEDED"] * len(ids), [
+        (j["id"], j["status"], j["message"]) for j in done if j["status"] != "SUCCEEDED"
+    ]
+    starts = Counter((shared / "starts").read_text().split())
+    assert {j: starts[j] for j in ids} == {j: 1 for j in ids}, "each command started once"
+    assert _leader_holder(leader) == took, "the woken leader follows"
+    with db.connect() as conn:
+        ended = conn.execute(
+            text(
+                "SELECT object_id, count(*) FROM events WHERE type = 'JobTransition' "
+                "AND to_status = 'SUCCEEDED' AND object_id LIKE 'u-%' GROUP BY object_id"
+            )
+        ).all()
+        failed = conn.execute(
+            text(
+                "SELECT count(*) FROM events WHERE type = 'JobTransition' "
+                "AND to_status = 'FAILED' AND object_id LIKE 'u-%'"
+            )
+        ).scalar()
+        lost = (
+            conn.execute(
+                text("SELECT message FROM events WHERE type = 'LeadershipLost' AND object_id = :h"),
+                {"h": before[0][:96]},
+            )
+            .scalars()
+            .all()
+        )
+    assert dict(ended) == {j: 1 for j in ids} and failed == 0
+    mine = [m for m in lost if m.startswith(f"epoch {before[1]}: ")]
+    assert mine and "stale write(s) rejected so far" in mine[-1], lost
+
+
 def test_a_database_restarted_under_load_loses_nothing(replicas, pg_server):
     """PostgreSQL crashes and comes back while jobs run and more are submitted: the
     replicas reconnect, a leader leads again, every job runs exactly once, and a request

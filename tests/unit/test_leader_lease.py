@@ -193,6 +193,7 @@ def test_fenced_engine_refuses_to_launch_or_stop_for_a_stale_leader(store):
         engine.stop("j", 1, 1)
     assert engine.nodes() == ["n1"]  # reads pass through
     assert calls == [("launch", "r1"), ("stop", ("j", 1, 1))]
+    assert a.rejected == 3  # each refused action counted, as a refused commit is
 
 
 def test_elector_elects_one_hands_over_on_release_and_writes_heartbeats(store):
@@ -249,7 +250,7 @@ def test_an_acquisition_waits_for_a_fenced_commit_in_flight(store):
     b = LeaderLease(store.engine, "b:2:y", clock=Clock(2000.0))  # b sees a's lease expired
     job = _job(store)
     assert a.try_acquire() == 1
-    checked, order = threading.Event(), []
+    checked = threading.Event()
     holds = a.holds
 
     def slow_holds(conn=None, epoch=None):
@@ -263,16 +264,15 @@ def test_an_acquisition_waits_for_a_fenced_commit_in_flight(store):
     def writer():
         with fenced(a):
             store.transition(job.id, JobStatus.PENDING, JobStatus.ADMITTED, Reason.ADMITTED)
-        order.append("a committed")
 
     t = threading.Thread(target=writer)
     t.start()
     assert checked.wait(10)
     assert b.try_acquire() == 2  # waits for a's commit, then takes over
-    order.append("b acquired")
-    t.join()
-    assert order == ["a committed", "b acquired"]
+    # a's commit landed before b's term began (the two threads' own bookkeeping after
+    # the lock is released may come in either order: the database's is what counts)
     assert store.get_job(job.id).status == JobStatus.ADMITTED
+    t.join()
     with fenced(a, epoch=1), pytest.raises(StaleLeader):
         store.transition(job.id, JobStatus.ADMITTED, JobStatus.RUNNING, Reason.STARTED)
 

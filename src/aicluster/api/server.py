@@ -404,9 +404,23 @@ class ControlPlane:
             log.warning("could not record the end of epoch %d", epoch)
 
     def _loop(self, epoch: int, over: threading.Event) -> None:
+        rejected = self.lease.rejected
         with fenced(self.lease, epoch):
             while not (over.is_set() or self.stopping.is_set()):
                 self._tick()
+        stale = self.lease.rejected - rejected  # tried after the lease was lost, refused
+        if stale:
+            message = f"epoch {epoch}: {stale} write(s) or engine action(s) refused as stale"
+            try:  # unfenced: this replica's own record of what it was refused
+                self.store.add_event(
+                    "control_plane",
+                    self.lease.holder[:96],
+                    None,
+                    "StaleLeaderRefused",
+                    message=message,
+                )
+            except Exception:  # noqa: BLE001 - the database may be what failed
+                log.warning("could not record: %s", message)
         log.info("reconcile loops of epoch %d stopped", epoch)
 
     def _tick(self) -> None:
@@ -524,12 +538,14 @@ def _control_plane(home: Path, args) -> ControlPlane:
 
 def main(argv: list[str] | None = None) -> None:
     from aicluster.api.server_args import parser
+    from aicluster.control.gc_settings import tune_for_control_plane
 
     p = parser()
     args = p.parse_args(argv)
     if not 0 < args.lease_renew < args.lease_ttl:
         p.error("--lease-renew must be positive and shorter than --lease-ttl")
     configure_logging(args.log_format)
+    tune_for_control_plane()  # before the store and the loops allocate
     home = Path(args.home)
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)  # admin.token, state.db and every team's logs live here

@@ -136,7 +136,7 @@ class LeaderLease:
         self.holder = holder or new_holder_id()
         self.clock, self.is_dead = clock, is_dead
         self.epoch: int | None = None  # the epoch this replica holds the lease under
-        self.rejected = 0  # fenced commits rejected as stale
+        self.rejected = 0  # fenced commits and engine actions rejected as stale
         install_fencing(engine)
 
     # -- time ------------------------------------------------------------------------
@@ -277,6 +277,7 @@ class LeaderLease:
         fence = getattr(_local, "fence", None)
         epoch = fence[1] if fence is not None and fence[0] is self else self.epoch
         if epoch is None or not self.holds(epoch=epoch):
+            self.rejected += 1
             raise StaleLeader(f"{self.holder} does not hold the lease at epoch {epoch}")
 
     # -- heartbeats --------------------------------------------------------------------
