@@ -6,7 +6,8 @@ from the Philly trace.
 Run:   .venv/bin/python bench/control_plane_scale.py                       (1,000 nodes,
                                                                             100,000 jobs)
        .venv/bin/python bench/control_plane_scale.py --nodes 50 --jobs 2000  (< 1 min)
-Options: --python-gc (default: the collector thresholds the control-plane server sets,
+Options: --batch-submits N and --batch-size B (N jobs through POST /v1/jobs/batch, B per
+request, timed like single submits), --python-gc (default: the collector thresholds the control-plane server sets,
 control.gc_settings; `default`: CPython's, to compare), --api-submits (jobs submitted
 through POST /v1/jobs and timed; the rest of the queue is preloaded straight into the
 store, not timed), --concurrency (submitting clients), --ticks, --time-scale (trace seconds
@@ -233,19 +234,25 @@ def serve(app, port: int):
     return server, thread
 
 
-def submit_all(url: str, token: str, specs: list[dict], concurrency: int):
-    """POST every spec, `concurrency` clients at once; (jobs/s, latencies in s). Runs in
-    a process of its own (`probe`), so the clients do not share the server's GIL."""
+def submit_all(url: str, token: str, specs: list[dict], concurrency: int, batch: int = 0):
+    """POST every spec, `concurrency` clients at once, one per request (batch 0) or
+    `batch` per POST /v1/jobs/batch; (jobs/s, latencies of the requests in s). Runs in a
+    process of its own (`probe`), so the clients do not share the server's GIL."""
     latencies: list[float] = []
     lock = threading.Lock()
-    chunks = [specs[i::concurrency] for i in range(concurrency)]
+    if batch:
+        bodies = [{"specs": specs[i : i + batch]} for i in range(0, len(specs), batch)]
+    else:
+        bodies = [{"spec": spec} for spec in specs]
+    chunks = [bodies[i::concurrency] for i in range(concurrency)]
+    path = "/v1/jobs/batch" if batch else "/v1/jobs"
 
     def run(chunk):
         headers = {"Authorization": f"Bearer {token}"}
         with httpx.Client(base_url=url, headers=headers, timeout=60) as c:
-            for spec in chunk:
+            for body in chunk:
                 t = time.perf_counter()
-                r = c.post("/v1/jobs", json={"spec": spec})
+                r = c.post(path, json=body)
                 took = time.perf_counter() - t
                 if r.status_code != 201:
                     raise RuntimeError(f"submit answered {r.status_code}: {r.text[:300]}")
@@ -343,6 +350,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--api-submits", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--batch-submits", type=int, default=5000, help="through /v1/jobs/batch")
+    ap.add_argument("--batch-size", type=int, default=100, help="jobs per batch request")
     ap.add_argument("--ticks", type=int, default=20)
     ap.add_argument("--time-scale", type=float, default=3600.0)
     ap.add_argument("--pages", type=int, default=30)
@@ -371,8 +380,9 @@ def main() -> None:
         store.ensure_team(team)
     specs = [spec_of(i, j, args.time_scale) for i, j in enumerate(trace)]
     n_api = min(args.api_submits, len(specs))
+    n_batch = min(args.batch_submits, len(specs) - n_api)
     t = time.perf_counter()
-    preload(store, specs[n_api:])
+    preload(store, specs[n_api + n_batch :])
     preload_s = time.perf_counter() - t
 
     engine = SimEngine(args.nodes)
@@ -387,16 +397,23 @@ def main() -> None:
     try:
         docs = [s.model_dump(mode="json") for s in specs[:n_api]]
         rate, submit_lat = probe(submit_all, url, token, docs, args.concurrency)
+        docs = [s.model_dump(mode="json") for s in specs[n_api : n_api + n_batch]]
+        batched = (
+            probe(submit_all, url, token, docs, args.concurrency, args.batch_size)
+            if docs
+            else (0.0, [])
+        )
         ticks = run_ticks(ctrl, store, engine, args.ticks, deadline)
         lists = probe(list_probes, url, token, args.pages)
     finally:
         server.should_exit = True
         thread.join(timeout=10)
         ctrl.close()
-    report(args, source, preload_s, rate, submit_lat, ticks, lists)
+    report(args, source, preload_s, (rate, submit_lat), batched, ticks, lists)
 
 
-def report(args, source, preload_s, rate, submit_lat, ticks, lists):
+def report(args, source, preload_s, single, batched, ticks, lists):
+    (rate, submit_lat), (batch_rate, batch_lat) = single, batched
     tick_s, cpu_s, incr_s, full_s, admitted, events = ticks
     later, cpu = (tick_s[1:], cpu_s[1:]) if len(tick_s) > 1 else (tick_s, cpu_s)
     incr_s = incr_s[1:] if len(incr_s) > 1 else incr_s  # the first refresh reads them all
@@ -404,6 +421,12 @@ def report(args, source, preload_s, rate, submit_lat, ticks, lists):
     busy = sum(tick_s)
     rows = [
         ("submit (POST /v1/jobs)", f"{rate:.0f} jobs/s", pct(submit_lat, 50), pct(submit_lat, 99)),
+        (
+            f"submit batch ({args.batch_size}/request)",
+            f"{batch_rate:.0f} jobs/s",
+            pct(batch_lat, 50) if batch_lat else None,
+            pct(batch_lat, 99) if batch_lat else None,
+        ),
         ("first tick (the whole queue new)", "1 tick", tick_s[0], tick_s[0]),
         ("tick (Controller.tick), after", f"{len(later)} ticks", pct(later, 50), pct(later, 99)),
         ("tick CPU, the loop's thread, after", "thread time", pct(cpu, 50), pct(cpu, 99)),
@@ -417,7 +440,8 @@ def report(args, source, preload_s, rate, submit_lat, ticks, lists):
         f"{args.jobs} queued jobs from {source}"
     )
     print(
-        f"({args.api_submits if args.api_submits < args.jobs else args.jobs} submitted "
+        f"({min(args.api_submits, args.jobs)} submitted one per request and "
+        f"{max(0, min(args.batch_submits, args.jobs - args.api_submits))} in batches "
         f"through the API, the rest preloaded in {preload_s:.1f} s; {admitted} admitted "
         f"in {busy:.1f} s of ticks)\n"
     )
@@ -443,6 +467,9 @@ def report(args, source, preload_s, rate, submit_lat, ticks, lists):
         )
     print(f"  tick p99 (after the first) / goal 250 ms: {pct(later, 99) * ms / 250:.2f}")
     print(f"  submit rate / goal 1000 jobs/s:         {rate / 1000:.2f}")
+    if batch_rate:
+        print(f"  batch submit rate / goal 1000 jobs/s:   {batch_rate / 1000:.2f}")
+        print(f"  batch / one-per-request submit rate:    {batch_rate / rate:.1f}x")
     worst = max(pct(v, 99) for k, v in lists.items() if not k.startswith("baseline"))
     print(f"  list page p99 (worst) / goal 100 ms:    {worst * ms / 100:.2f}")
     if args.json:

@@ -45,6 +45,7 @@ ADMIN_ONLY = {
 OWN = {"POST /v1/tokens/{token_id}/revoke"}
 WRITES = {
     "POST /v1/jobs",
+    "POST /v1/jobs/batch",
     "POST /v1/jobs/{job_id}/cancel",
     "POST /v1/services",
     "POST /v1/services/{name}/scale",
@@ -87,6 +88,9 @@ SERVICE = {
 BODIES = {  # valid bodies, so that only who calls decides the answer
     "POST /v1/jobs": {
         "spec": {"kind": "job", "name": "iso-sneak", "team": "iso-a", "command": "true"}
+    },
+    "POST /v1/jobs/batch": {
+        "specs": [{"kind": "job", "name": "iso-sneak", "team": "iso-a", "command": "true"}]
     },
     "POST /v1/services": {"spec": dict(SERVICE, name="iso-sneak")},
     "POST /v1/services/{name}/scale": {"replicas": 1},

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import Response
@@ -11,7 +11,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from aicluster.api.audit import PRINCIPAL, AuditMiddleware, note_target
 from aicluster.api.audit_routes import audit_router
-from aicluster.api.bodies import NodeActionBody, QuotaBody, SubmitBody, TeamBody, TokenBody
+from aicluster.api.bodies import (
+    NodeActionBody,
+    QuotaBody,
+    SubmitBatchBody,
+    SubmitBody,
+    TeamBody,
+    TokenBody,
+)
 from aicluster.api.budgets_routes import budgets_router
 from aicluster.api.errors import BODY, error, install_error_handlers, responses
 from aicluster.api.limits import BodyLimitMiddleware
@@ -45,8 +52,13 @@ from aicluster.store.jobs import JobRecord
 _bearer = HTTPBearer(auto_error=False)
 
 
+_JOB_FIELDS = tuple(f.name for f in fields(JobRecord) if f.name != "spec")
+
+
 def job_json(job: JobRecord, events=None, attempts=None, now: float | None = None) -> dict:
-    d = asdict(job)
+    # field by field, not asdict(): that deep-copies the spec model only to replace it
+    d = {name: getattr(job, name) for name in _JOB_FIELDS}
+    d["placement"] = list(job.placement) if job.placement is not None else None
     d["spec"] = job.spec.model_dump(mode="json")  # every field, defaults included
     d["status"] = job.status.value
     d["requeue_cause"] = job.requeue_cause.value if job.requeue_cause else None
@@ -164,6 +176,13 @@ def create_app(services: ApiOps, routers=(), audit: AuditStore | None = None) ->
         job = services.submit(who, body.spec, body.workdir)
         note_target(request, f"job={job.id}")
         return job_json(job)
+
+    @app.post("/v1/jobs/batch", status_code=201, responses=responses(*WRITE, *BODY, 429))
+    def submit_batch(request: Request, body: SubmitBatchBody, who=Depends(principal)):
+        """Up to 1,000 jobs in one request and one transaction: all stored, or none."""
+        jobs = services.submit_batch(who, body.specs, body.workdir)
+        note_target(request, f"jobs={len(jobs)}")
+        return {"jobs": [job_json(j) for j in jobs]}
 
     @app.get("/v1/jobs", responses=responses(*AUTHED, 400, 422))
     def list_jobs(

@@ -27,6 +27,22 @@ class SubmitBody(Body):
     )
 
 
+MAX_BATCH_JOBS = 1000
+
+
+class SubmitBatchBody(Body):
+    specs: list[dict] = Field(
+        min_length=1,
+        max_length=MAX_BATCH_JOBS,
+        description="job specs (kind: job), stored together or not at all",
+    )
+    workdir: str | None = Field(
+        default=None,
+        max_length=MAX_WORKDIR_B64,
+        description="every job's working directory: a base64 .tar.gz",
+    )
+
+
 class NodeActionBody(Body):
     grace_s: float = Field(default=300.0, ge=0, le=MAX_SECONDS)
 

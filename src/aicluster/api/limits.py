@@ -18,6 +18,7 @@ MiB = 2**20
 DEFAULT_LIMIT = 1 * MiB
 # A job submission carries its working directory base64-encoded (4/3 of its size).
 SUBMIT_LIMIT = -(-MAX_WORKDIR_BYTES // 3) * 4 + DEFAULT_LIMIT
+SUBMIT_BATCH_LIMIT = SUBMIT_LIMIT + 7 * MiB  # up to 1,000 specs of a few KiB each
 ARTIFACT_LIMIT = 64 * MiB  # upload manifests list every file
 GATEWAY_LIMIT = MAX_OPENAI_BODY_BYTES  # the gateway enforces the same bound itself
 
@@ -25,6 +26,7 @@ GATEWAY_LIMIT = MAX_OPENAI_BODY_BYTES  # the gateway enforces the same bound its
 FAMILIES: list[tuple[str | None, re.Pattern, int | None]] = [
     ("PUT", re.compile(r"^/v1/artifacts/uploads/[^/]+/blobs/[^/]+$"), None),  # streamed
     ("POST", re.compile(r"^/v1/jobs/?$"), SUBMIT_LIMIT),
+    ("POST", re.compile(r"^/v1/jobs/batch/?$"), SUBMIT_BATCH_LIMIT),
     (None, re.compile(r"^/v1/artifacts(/|$)"), ARTIFACT_LIMIT),
     ("POST", re.compile(r"^/v1/(chat/completions|completions|embeddings)/?$"), GATEWAY_LIMIT),
     ("POST", re.compile(r"^/api/(chat|generate|embed|embeddings)/?$"), GATEWAY_LIMIT),  # Ollama

@@ -48,14 +48,27 @@ def _service_or_none(c: Client, name: str) -> dict | None:
 
 
 def submit(
-    file: Annotated[Path, typer.Argument(help="job spec (YAML)", show_default=False)],
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="job spec (YAML); several: one batch, all submitted or none",
+            show_default=False,
+        ),
+    ],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="stream rank 0 logs")] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Submit a job spec; with -f, stream its logs and exit 1 unless it SUCCEEDED."""
+    """Submit job specs; with -f (one file), stream its logs and exit 1 unless it
+    SUCCEEDED."""
+    if follow and len(files) > 1:
+        raise typer.BadParameter("--follow takes one spec file", param_hint="--follow")
     with cli_errors(), make_client(url, token) as c:
-        job = c.submit_file(file)
+        if len(files) > 1:
+            for job in c.submit_files(files):
+                typer.echo(f"submitted {job['id']}")
+            return
+        job = c.submit_file(files[0])
         typer.echo(f"submitted {job['id']}")
         if not follow:
             return

@@ -172,6 +172,17 @@ def _line_of(spec_path: Path, key: str) -> int | None:
     return None
 
 
+def _packed_workdir(spec, spec_path: Path) -> bytes | None:
+    """The spec's working_dir as a tar.gz (None without one); SpecError naming the file."""
+    if not getattr(spec, "working_dir", None):
+        return None
+    try:
+        return pack_workdir(spec_path.parent / spec.working_dir)
+    except WorkdirError as exc:
+        issue = SpecIssue("working_dir", str(exc), _line_of(spec_path, "working_dir"))
+        raise SpecError(str(spec_path), [issue]) from None
+
+
 def _with_requirements(spec, spec_path: Path) -> dict:
     """The spec to send: a job environment's `requirements` file (beside the spec) read
     here and sent as `pip` lines, since the server never reads the client's files."""
@@ -305,19 +316,41 @@ class Client:
         encoded = base64.b64encode(workdir).decode("ascii") if workdir else None
         return self.request_json("POST", "/v1/jobs", json={"spec": spec, "workdir": encoded})
 
+    def submit_batch(self, specs: list[dict], workdir: bytes | None = None) -> list[dict]:
+        """Submit up to 1,000 spec dicts in one request: all stored, or none (the error
+        names `specs[i]`); `workdir` (a tar.gz) is every job's working directory."""
+        encoded = base64.b64encode(workdir).decode("ascii") if workdir else None
+        body = {"specs": specs, "workdir": encoded}
+        return self.request_json("POST", "/v1/jobs/batch", json=body)["jobs"]
+
     def submit_file(self, path: str | Path) -> dict:
         """Load a spec file (SpecError propagates), pack its working_dir, submit."""
         spec_path = Path(path)
         spec = load_spec(spec_path)
-        workdir = None
-        if getattr(spec, "working_dir", None):
-            folder = spec_path.parent / spec.working_dir
-            try:
-                workdir = pack_workdir(folder)
-            except WorkdirError as exc:
-                issue = SpecIssue("working_dir", str(exc), _line_of(spec_path, "working_dir"))
-                raise SpecError(str(spec_path), [issue]) from None
+        workdir = _packed_workdir(spec, spec_path)
         return self.submit(_with_requirements(spec, spec_path), workdir)
+
+    def submit_files(self, paths: Iterable[str | Path]) -> list[dict]:
+        """Several spec files as one batch (all stored, or none): each loaded and checked
+        here first; those with a working_dir must name the same folder, packed once."""
+        docs, folders, workdir = [], set(), None
+        for path in map(Path, paths):
+            spec = load_spec(path)
+            if getattr(spec, "working_dir", None):
+                folder = (path.parent / spec.working_dir).resolve()
+                if folders and folder not in folders:
+                    issue = SpecIssue(
+                        "working_dir",
+                        f"{folder} differs from {next(iter(folders))}: a batch has one "
+                        "working directory (submit such files one at a time)",
+                        _line_of(path, "working_dir"),
+                    )
+                    raise SpecError(str(path), [issue])
+                if not folders:
+                    workdir = _packed_workdir(spec, path)
+                folders.add(folder)
+            docs.append(_with_requirements(spec, path))
+        return self.submit_batch(docs, workdir)
 
     def jobs(
         self,

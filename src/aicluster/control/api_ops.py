@@ -11,8 +11,9 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from aicluster.control.logs import LogsRemoved, LogStore
@@ -183,35 +184,7 @@ class ApiOps:
     # -- jobs ----------------------------------------------------------------------
 
     def submit(self, who: Principal, spec_doc: dict, workdir_b64: str | None) -> JobRecord:
-        if who.role == "viewer":
-            raise ForbiddenError("viewers cannot submit jobs")
-        spec: JobSpec = validate_spec(spec_doc, "request body")
-        if not isinstance(spec, JobSpec):
-            raise SpecError(
-                "request body",
-                [
-                    SpecIssue(
-                        "kind", f"this is a {spec.kind} spec, not a job: {_OTHER_KINDS[spec.kind]}"
-                    )
-                ],
-            )
-        if not who.is_admin and spec.team != who.team:
-            raise SpecError(
-                "request body",
-                [SpecIssue("team", f"you may submit only to your team {who.team!r}")],
-            )
-        if not self.store.team_exists(spec.team):
-            raise SpecError(
-                "request body", [SpecIssue("team", f"team {spec.team!r} does not exist")]
-            )
-        if spec.environment is not None and spec.environment.requirements:
-            issue = SpecIssue(
-                "environment.requirements",
-                "a file that the client reads at submit (aicluster submit, "
-                "Client.submit_file); send its lines in environment.pip",
-            )
-            raise SpecError("request body", [issue])
-        self._check_artifacts(who, spec)
+        spec = self._job_spec(who, spec_doc, "request body")
         if self.budgets is not None:
             self.budgets.check_queue(spec.team)  # QueueFull past its max_queued_jobs
         blob = _decode_workdir(workdir_b64)
@@ -221,7 +194,69 @@ class ApiOps:
         self.notify()
         return job
 
-    def _check_artifacts(self, who: Principal, spec: JobSpec) -> None:
+    def submit_batch(
+        self, who: Principal, spec_docs: list[dict], workdir_b64: str | None
+    ) -> list[JobRecord]:
+        """Many jobs at once, all or none: every spec is checked (an error names
+        `specs[i]`) and every team's queue cap counted before one transaction stores them
+        all, in order; `workdir`, when given, is every job's working directory."""
+        teams: dict[str, bool] = {}  # each team looked up once
+        specs = [self._batch_spec(who, i, d, teams) for i, d in enumerate(spec_docs)]
+        if self.budgets is not None:
+            for team, n in Counter(s.team for s in specs).items():
+                self.budgets.check_queue(team, adding=n)
+        blob = _decode_workdir(workdir_b64)
+        ref = as_workdirs(self.workdirs).put(blob) if blob is not None else None
+        jobs = self.store.create_jobs(specs, who.user, ref)
+        self.notify()
+        return jobs
+
+    def _batch_spec(self, who: Principal, i: int, spec_doc: dict, teams: dict) -> JobSpec:
+        """`_job_spec` of a batch's i-th spec; each issue's field is `specs[i].FIELD`."""
+        where = f"specs[{i}]"
+        try:
+            return self._job_spec(who, spec_doc, where, teams)
+        except SpecError as exc:
+            issues = [replace(x, field=f"{where}.{x.field}") for x in exc.issues]
+            raise SpecError(where, issues) from None
+
+    def _job_spec(
+        self, who: Principal, spec_doc: dict, source: str, teams: dict | None = None
+    ) -> JobSpec:
+        """The job spec of `spec_doc`, checked against who submits it (SpecError names
+        `source` and the field); `teams` remembers which teams exist, within one call."""
+        if who.role == "viewer":
+            raise ForbiddenError("viewers cannot submit jobs")
+        spec: JobSpec = validate_spec(spec_doc, source)
+        if not isinstance(spec, JobSpec):
+            raise SpecError(
+                source,
+                [
+                    SpecIssue(
+                        "kind", f"this is a {spec.kind} spec, not a job: {_OTHER_KINDS[spec.kind]}"
+                    )
+                ],
+            )
+        if not who.is_admin and spec.team != who.team:
+            raise SpecError(
+                source, [SpecIssue("team", f"you may submit only to your team {who.team!r}")]
+            )
+        teams = {} if teams is None else teams
+        if spec.team not in teams:
+            teams[spec.team] = self.store.team_exists(spec.team)
+        if not teams[spec.team]:
+            raise SpecError(source, [SpecIssue("team", f"team {spec.team!r} does not exist")])
+        if spec.environment is not None and spec.environment.requirements:
+            issue = SpecIssue(
+                "environment.requirements",
+                "a file that the client reads at submit (aicluster submit, "
+                "Client.submit_file); send its lines in environment.pip",
+            )
+            raise SpecError(source, [issue])
+        self._check_artifacts(who, spec, source)
+        return spec
+
+    def _check_artifacts(self, who: Principal, spec: JobSpec, source: str) -> None:
         """Inputs must be readable by the submitter, outputs must belong to the job's team."""
         if not spec.inputs and not spec.outputs:
             return
@@ -248,7 +283,7 @@ class ApiOps:
                     )
                 )
         if issues:
-            raise SpecError("request body", issues)
+            raise SpecError(source, issues)
 
     def list_jobs(
         self, who: Principal, statuses: list[str] | None, team: str | None

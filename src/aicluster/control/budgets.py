@@ -201,18 +201,19 @@ class BudgetOps:
             raise NotFoundError(f"team {team!r} has no budget")
         return {"team": team, "deleted": True}
 
-    def check_queue(self, team: str) -> None:
-        """QueueFull when `team` has as many pending jobs as its max_queued_jobs allows
-        (checked before the job is stored: submits of one team at the same moment may
-        pass it together, by as many as are in flight)."""
+    def check_queue(self, team: str, adding: int = 1) -> None:
+        """QueueFull when `adding` more pending jobs would take `team` past its
+        max_queued_jobs (checked before the jobs are stored: submits of one team at the
+        same moment may pass it together, by as many as are in flight)."""
         budget = self.budgets.get(team)
         if budget is None or budget.max_queued_jobs is None:
             return
         pending = self.budgets.pending_jobs(team)
-        if pending >= budget.max_queued_jobs:
+        if pending + adding > budget.max_queued_jobs:
+            more = "" if adding == 1 else f" and {adding} more would pass it"
             raise QueueFull(
                 f"team {team} has {pending} pending job(s), its max_queued_jobs cap of "
-                f"{budget.max_queued_jobs}: submit again once some have started, or an "
+                f"{budget.max_queued_jobs}{more}: submit again once some have started, or an "
                 f"admin can raise it with `aicluster budgets set {team} --max-queued-jobs N`"
             )
 

@@ -213,41 +213,60 @@ class JobStore:
                 continue
         raise Conflict(f"could not allocate an id for job {spec.name!r}")
 
+    def create_jobs(
+        self, specs: list[JobSpec], owner: str, workdir: str | None = None
+    ) -> list[JobRecord]:
+        """`create_job` for each spec, in order, in one transaction: all or none (each
+        team looked up once, the rows and their events inserted together at commit)."""
+        for _ in range(5):
+            try:
+                with self._session.begin() as s:
+                    for team in dict.fromkeys(spec.team for spec in specs):
+                        if s.get(TeamRow, team) is None:
+                            raise NotFound(f"team {team!r} does not exist")
+                    return [self._add_job(s, spec, owner, workdir) for spec in specs]
+            except IntegrityError:
+                continue
+        raise Conflict(f"could not allocate ids for {len(specs)} jobs")
+
     def _create_job(self, spec: JobSpec, owner: str, workdir: str | None) -> JobRecord:
-        now = self.clock()
         with self._session.begin() as s:
             if s.get(TeamRow, spec.team) is None:
                 raise NotFound(f"team {spec.team!r} does not exist")
-            row = JobRow(
-                id=f"{spec.name}-{secrets.token_hex(3)}",
-                name=spec.name,
-                team=spec.team,
-                owner=owner,
-                spec=spec.model_dump(mode="json"),
-                status=JobStatus.PENDING.value,
-                reason=Reason.SUBMITTED.value,
-                priority=spec.priority,
-                restarts=0,
-                attempt=0,
-                workdir=workdir,
-                created_at=now,
-                updated_at=now,
-            )
-            s.add(row)
-            s.flush()
-            self._event(
-                s,
-                "job",
-                row.id,
-                row.team,
-                "JobSubmitted",
-                None,
-                "PENDING",
-                Reason.SUBMITTED,
-                f"{spec.workers} worker(s)",
-                owner,
-            )
-            return JobRecord.of(row)
+            return self._add_job(s, spec, owner, workdir)
+
+    def _add_job(self, s, spec: JobSpec, owner: str, workdir: str | None) -> JobRecord:
+        """Add a PENDING job and its JobSubmitted event to `s` (its team checked)."""
+        now = self.clock()
+        row = JobRow(
+            id=f"{spec.name}-{secrets.token_hex(3)}",
+            name=spec.name,
+            team=spec.team,
+            owner=owner,
+            spec=spec.model_dump(mode="json"),
+            status=JobStatus.PENDING.value,
+            reason=Reason.SUBMITTED.value,
+            priority=spec.priority,
+            restarts=0,
+            attempt=0,
+            workdir=workdir,
+            created_at=now,
+            updated_at=now,
+        )
+        s.add(row)
+        self._event(
+            s,
+            "job",
+            row.id,
+            row.team,
+            "JobSubmitted",
+            None,
+            "PENDING",
+            Reason.SUBMITTED,
+            f"{spec.workers} worker(s)",
+            owner,
+        )
+        return JobRecord.of(row)
 
     def get_job(self, job_id: str) -> JobRecord | None:
         with self._session() as s:
