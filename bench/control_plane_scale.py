@@ -390,7 +390,14 @@ def main() -> None:
     ctrl = Controller(
         store, engine, logs, home / "workdirs", home, policy="fair", quotas=QuotaStore(store)
     )
-    ops = ApiOps(store, engine, logs, home / "workdirs", queue=lambda: ctrl.queue)
+    ops = ApiOps(
+        store,
+        engine,
+        logs,
+        home / "workdirs",
+        queue=lambda: ctrl.queue,
+        allocated=ctrl.fresh_allocations,
+    )
     port = _free_port()
     server, thread = serve(create_app(ops), port)
     url = f"http://127.0.0.1:{port}"

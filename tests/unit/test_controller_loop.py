@@ -9,13 +9,15 @@ import json
 import logging
 from types import SimpleNamespace
 
+import httpx
 import pytest
 
+from aicluster.api.app import create_app
 from aicluster.control.api_ops import ApiOps
 from aicluster.control.jobs_loop import GC_EVERY_S, NODE_DEATH_GRACE_S, Controller
 from aicluster.control.logs import LogStore
 from aicluster.control.metrics import Metrics
-from aicluster.core.lifecycle import JobStatus, RequeueCause
+from aicluster.core.lifecycle import JobStatus, Reason, RequeueCause
 from aicluster.core.model import Quota, WaitKind
 from aicluster.engine.protocol import Engine
 from aicluster.runtime import envs
@@ -23,6 +25,7 @@ from aicluster.specs.job import JobSpec
 from aicluster.store.identity import Principal
 from aicluster.store.quotas import QuotaStore
 
+from asgi_server import serving
 from fakes import FakeClock, FakeEngine, node, open_test_store, settle
 
 ADMIN = Principal("admin", None, "admin")
@@ -644,3 +647,36 @@ def test_the_operators_log_says_admitted_requeued_node_lost_and_failed(world, ca
     assert line.startswith(f"job_failed job={job_id} team=default attempt=4 reason=node_lost")
     assert 'message="node_lost: rank 0: node ' in line and "restarts exhausted (3 of 3)" in line
     assert all("\n" not in r.getMessage() for r in mine), "one line each"
+
+
+def test_the_nodes_route_shows_the_last_cycles_allocations_while_fresh(world):
+    from aicluster.control.jobs_loop import ALLOCATIONS_MAX_AGE_S
+
+    job_id = world.submit(resources={"gpus": 2})
+    world.run(job_id)
+    node_id = world.job(job_id).placement[0]
+    token = world.store.create_token("admin")
+    ops = ApiOps(
+        world.store,
+        world.engine,
+        world.logs,
+        world.tmp / "workdirs",
+        allocated=world.ctrl.fresh_allocations,
+    )
+
+    def gpus_on_node() -> float:
+        r = httpx.get(url + "/v1/nodes", headers={"Authorization": f"Bearer {token}"})
+        r.raise_for_status()
+        return {n["node_id"]: n for n in r.json()["nodes"]}[node_id]["allocated"]["gpus"]
+
+    with serving(create_app(ops)) as url:
+        assert gpus_on_node() == 2
+        # the job ends behind the loop's back: the last cycle's view holds while fresh...
+        world.store.transition(job_id, R, JobStatus.CANCELLED, Reason.CANCELLED_BY_USER)
+        assert gpus_on_node() == 2
+        # ...and once it is older, the route reads what runs now
+        world.clock.advance(ALLOCATIONS_MAX_AGE_S + 1)
+        assert world.ctrl.fresh_allocations() is None
+        assert gpus_on_node() == 0
+        world.tick()  # a new cycle: fresh again, and right
+        assert world.ctrl.fresh_allocations() is not None and gpus_on_node() == 0

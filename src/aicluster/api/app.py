@@ -228,10 +228,12 @@ def create_app(services: ApiOps, routers=(), audit: AuditStore | None = None) ->
     def nodes(limit: int = LIMIT, cursor: str | None = CURSOR, who=Depends(principal)):
         """Nodes by id, a page at a time (api.paging): the engine lists them in memory."""
         (after,) = decode(cursor, "nodes", str) or ("",)
-        active = services.store.list_jobs(
-            statuses=[JobStatus.ADMITTED, JobStatus.RUNNING], limit=None
-        )
-        used = allocations([job_workload(j) for j in active] + services.other_workloads())
+        used = services.allocated()  # the loop's last cycle, when this process leads
+        if used is None:  # a follower: read what runs now
+            active = services.store.list_jobs(
+                statuses=[JobStatus.ADMITTED, JobStatus.RUNNING], limit=None
+            )
+            used = allocations([job_workload(j) for j in active] + services.other_workloads())
         states = services.node_states()
         out = []
         infos = services.engine.nodes()

@@ -271,6 +271,7 @@ class ControlPlane:
                 node_loop=self.node_loop,
                 quotas=quotas,
                 queue=lambda: self.controller.queue,
+                allocated=lambda: self.controller.fresh_allocations(),
                 artifacts=self.artifacts,
                 budgets=budgets,
             ),

@@ -21,7 +21,12 @@ from collections.abc import Callable
 from aicluster.control.job_io import launch_request, resolve_inputs
 from aicluster.control.oplog import decision as log_decision
 from aicluster.control.queue_pages import QueueEntry
-from aicluster.control.snapshot import build_snapshot, job_artifact_keys, job_workload
+from aicluster.control.snapshot import (
+    allocations,
+    build_snapshot,
+    job_artifact_keys,
+    job_workload,
+)
 from aicluster.core.lifecycle import JobStatus, Reason, RequeueCause
 from aicluster.core.model import Admit, Preempt, Wait
 from aicluster.core.nodestate import NodeState
@@ -74,6 +79,8 @@ class Admission:
         for source in self.sources:
             pending_views += source.pending_workloads()
             active_views += source.active_workloads()
+        used = allocations(active_views)
+        self.allocated = (self.clock(), used)  # GET /v1/nodes reads it (fresh_allocations)
         if not pending_views:
             return
         if self.node_loop is not None:  # an admin may have cordoned a node since the tick began
@@ -87,7 +94,7 @@ class Admission:
         )
         quotas = tuple(self.quotas.all()) if self.quotas is not None else ()
         snapshot = build_snapshot(
-            self.nodes, pending_views, active_views, blocked, quotas, self.limits()
+            self.nodes, pending_views, active_views, blocked, quotas, self.limits(), used
         )
         by_id = {j.id: j for j in pending}
         queue, waits, admits = [], [], TransitionBatch()

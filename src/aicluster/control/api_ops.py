@@ -104,6 +104,8 @@ class ApiOps:
     quotas: object | None = None  # store.quotas.QuotaStore
     artifacts: object | None = None  # control.artifacts.ArtifactService (job inputs)
     queue: Callable[[], list] = field(default=lambda: [])  # last cycle's queue_pages.QueueEntry
+    # node id -> resources held, as of a recent cycle of this process's loop, or None
+    allocated: Callable[[], dict | None] = field(default=lambda: None)
     budgets: object | None = None  # control.budgets.BudgetOps: caps at submit, /v1/budgets
 
     def __post_init__(self) -> None:

@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 # The operator's log: one key=value line per decision applied (control.oplog).
 decisions = logging.getLogger("aicluster.decisions")
 GC_EVERY_S = 5.0
+# GET /v1/nodes shows the last cycle's allocations when they are this fresh, else reads them
+ALLOCATIONS_MAX_AGE_S = 5.0
 # A worker can vanish seconds before Ray declares its node dead; wait this long
 # before calling it a lost worker rather than a lost node.
 NODE_DEATH_GRACE_S = 30.0
@@ -89,6 +91,8 @@ class Controller(Admission):
         self.limits = limits  # () -> the teams' core.model.TeamLimits (control.budgets)
         # last cycle's waits in order (control.queue_pages): replaced whole, never changed
         self.queue: list[QueueEntry] = []
+        # (when, node id -> resources its running workloads hold) as of the last cycle
+        self.allocated: tuple[float, dict] | None = None
         self.artifacts = artifacts  # control.artifacts.ArtifactService: job inputs/outputs
         self.api_url = api_url  # given to workers (with a job token) for runtime.checkpoint
         # artifact -> nodes it was materialised on (their caches likely hold it): a soft
@@ -169,6 +173,12 @@ class Controller(Admission):
         if self.clock() - self.last_gc >= GC_EVERY_S:
             self.last_gc = self.clock()
             self.collect_garbage()
+
+    def fresh_allocations(self, max_age_s: float = ALLOCATIONS_MAX_AGE_S) -> dict | None:
+        """What the nodes' running workloads hold as of this loop's last cycle, if that
+        cycle is at most `max_age_s` old (a follower's loop does not cycle: None)."""
+        seen = self.allocated
+        return seen[1] if seen is not None and self.clock() - seen[0] <= max_age_s else None
 
     def _track_nodes(self, nodes: list[NodeInfo]) -> None:
         alive = {n.node_id for n in nodes if n.alive}

@@ -130,11 +130,13 @@ def build_snapshot(
     unschedulable: frozenset[str] = frozenset(),
     quotas: tuple[Quota, ...] = (),
     limits: tuple[TeamLimit, ...] = (),
+    used: dict[str, Res] | None = None,
 ) -> Snapshot:
     """`unschedulable`: nodes that take no new work (cordoned, draining, degraded).
     Racks come from the node label `rack`; a running workload is charged to the pool
-    of the node its rank 0 runs on. `limits`: the teams' caps and holds (control.budgets)."""
-    used = allocations(active)
+    of the node its rank 0 runs on. `limits`: the teams' caps and holds (control.budgets).
+    `used`: `allocations(active)` when the caller has it already."""
+    used = allocations(active) if used is None else used
     pool_of = {n.node_id: n.pool for n in nodes}
     views = tuple(
         NodeView(
