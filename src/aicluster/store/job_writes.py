@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from sqlalchemy import bindparam, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import bindparam, insert, select, update
 
 from aicluster.core.lifecycle import JobStatus, Reason, check_transition
 from aicluster.core.model import WaitKind
@@ -58,14 +57,15 @@ class JobWrites:
                     moved.append(conn.execute(stmt, params).rowcount == 1)
                 ids = [m.job_id for m, ok in zip(batch, moved) if ok]
                 rows = {r.id: r for r in s.execute(job_query(JobRow.id.in_(ids)))} if ids else {}
-                for m, ok in zip(batch, moved):
-                    out.append(self._moved(s, m, rows[m.job_id]) if ok else None)
+                events = [self._moved(m, rows[m.job_id]) for m, ok in zip(batch, moved) if ok]
+                if events:  # one executemany, in order: ids ascend as the moves do
+                    conn.execute(insert(EventRow.__table__), events)
+                out += [JobRecord.of(rows[m.job_id]) if ok else None for m, ok in zip(batch, moved)]
         return out
 
-    def _moved(self, s: Session, m: Move, row) -> JobRecord:
-        """The Event of a transition just made (in its transaction), and the new record."""
-        self._event(
-            s,
+    def _moved(self, m: Move, row) -> dict:
+        """The Event of a transition just made (its columns, for the batch's insert)."""
+        return self._event_values(
             "job",
             m.job_id,
             row.team,
@@ -80,7 +80,6 @@ class JobWrites:
             requeue_cause=m.requeue_cause.value if m.requeue_cause is not None else None,
             interrupted_at=m.interrupted_at,
         )
-        return JobRecord.of(row)
 
     def set_wait_messages(
         self, waits: list[tuple[str, str, WaitKind]], written: dict | None = None

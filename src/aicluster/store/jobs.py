@@ -224,7 +224,9 @@ class JobStore:
                     for team in dict.fromkeys(spec.team for spec in specs):
                         if s.get(TeamRow, team) is None:
                             raise NotFound(f"team {team!r} does not exist")
-                    return [self._add_job(s, spec, owner, workdir) for spec in specs]
+                    rows = [self._add_job(s, spec, owner, workdir) for spec in specs]
+                    s.flush()  # one INSERT of them all; each row gets its seq
+                    return [JobRecord.of(row) for row in rows]
             except IntegrityError:
                 continue
         raise Conflict(f"could not allocate ids for {len(specs)} jobs")
@@ -233,9 +235,11 @@ class JobStore:
         with self._session.begin() as s:
             if s.get(TeamRow, spec.team) is None:
                 raise NotFound(f"team {spec.team!r} does not exist")
-            return self._add_job(s, spec, owner, workdir)
+            row = self._add_job(s, spec, owner, workdir)
+            s.flush()
+            return JobRecord.of(row)
 
-    def _add_job(self, s, spec: JobSpec, owner: str, workdir: str | None) -> JobRecord:
+    def _add_job(self, s, spec: JobSpec, owner: str, workdir: str | None) -> JobRow:
         """Add a PENDING job and its JobSubmitted event to `s` (its team checked)."""
         now = self.clock()
         row = JobRow(
@@ -266,7 +270,7 @@ class JobStore:
             f"{spec.workers} worker(s)",
             owner,
         )
-        return JobRecord.of(row)
+        return row
 
     def get_job(self, job_id: str) -> JobRecord | None:
         with self._session() as s:
@@ -428,9 +432,14 @@ class JobStore:
         with self._session.begin() as s:
             self._event(s, kind, object_id, team, type_, **kw)
 
-    def _event(
+    def _event(self, s: Session, *args, **kw) -> EventRow:
+        """Add an Event to `s` (the arguments of `_event_values`); its id once flushed."""
+        row = EventRow(**self._event_values(*args, **kw))
+        s.add(row)
+        return row
+
+    def _event_values(
         self,
-        s: Session,
         kind,
         object_id,
         team,
@@ -444,8 +453,9 @@ class JobStore:
         placement=None,
         requeue_cause=None,
         interrupted_at=None,
-    ) -> EventRow:
-        row = EventRow(
+    ) -> dict:
+        """An Event's columns (for an ORM row, or for a Core insert of many at once)."""
+        return dict(
             ts=self.clock(),
             kind=kind,
             object_id=object_id,
@@ -461,8 +471,6 @@ class JobStore:
             requeue_cause=requeue_cause,
             interrupted_at=interrupted_at,
         )
-        s.add(row)
-        return row  # its id once flushed
 
     def job_attempts(self, job_id: str) -> list[AttemptRecord]:
         """The job's attempts, oldest first, from all its transition events."""
