@@ -76,6 +76,14 @@ def test_long_values_are_cut_to_their_columns(env):
     assert len(e.route) == 256
 
 
+def test_a_nul_in_a_request_is_stored_as_a_replacement_character(env):
+    store, _ = env  # PostgreSQL's text refuses NUL: the entry must still be written
+    audit = AuditStore(store)
+    add(audit, target="job=a\x00b", route="/v1/jobs/a\x00b", user="al\x00ice")
+    (e,) = audit.entries()
+    assert (e.target, e.route, e.user) == ("job=a\ufffdb", "/v1/jobs/a\ufffdb", "al\ufffdice")
+
+
 def test_retention_prunes_oldest_first_in_bounded_batches(env):
     store, clock = env
     audit = AuditStore(store, retention_s=1000, prune_every_s=60, prune_batch=3)

@@ -171,6 +171,9 @@ class AuditStore:
 
 
 def _bounded(value: str | None, limit: int) -> str | None:
-    if value is None or len(value) <= limit:
-        return value
-    return value[: limit - 1] + "…"
+    """`value` cut to `limit` characters, a NUL shown as U+FFFD (PostgreSQL's text refuses
+    NUL, and a request's path or target may carry one: its entry is still written)."""
+    if value is None:
+        return None
+    value = value.replace("\x00", "\ufffd")
+    return value if len(value) <= limit else value[: limit - 1] + "…"
