@@ -171,18 +171,20 @@ def test_jobs_prefer_nodes_that_already_cache_their_inputs(admin, tmp_path):
     filler = admin.submit(
         {"kind": "job", "name": "ja-filler", "command": "sleep 600", "resources": {"cpus": 4}}, None
     )
-    assert admin.wait(filler["id"], {"RUNNING"}, timeout=60)["placement"] == [first]
     spec = {
         "kind": "job",
         "command": "ls data",
         "resources": {"cpus": 1},
         "inputs": [{"artifact": "default/ja-local:1", "path": "data"}],
     }
-    reader = admin.submit({**spec, "name": "ja-reader1"}, None)
-    done = admin.wait(reader["id"], TERMINAL, timeout=60)
-    assert done["status"] == "SUCCEEDED" and done["placement"] == [second]
-    admin.cancel(filler["id"])
-    admin.wait(filler["id"], TERMINAL, timeout=30)
+    try:  # a failure here must not leave the filler holding a node for later modules
+        assert admin.wait(filler["id"], {"RUNNING"}, timeout=60)["placement"] == [first]
+        reader = admin.submit({**spec, "name": "ja-reader1"}, None)
+        done = admin.wait(reader["id"], TERMINAL, timeout=60)
+        assert done["status"] == "SUCCEEDED" and done["placement"] == [second]
+    finally:
+        admin.cancel(filler["id"])
+        admin.wait(filler["id"], TERMINAL, timeout=30)
     # Both nodes are free now; best fit alone would choose `first`, the cache says `second`.
     again = admin.wait(admin.submit({**spec, "name": "ja-reader2"}, None)["id"], TERMINAL, 60)
     assert again["status"] == "SUCCEEDED" and again["placement"] == [second]
