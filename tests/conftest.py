@@ -82,7 +82,9 @@ def state_db(control_plane):
     from aicluster.store.db import state_url
 
     url = (control_plane.env or {}).get("AICLUSTER_STATE") or control_plane.home / "state.db"
-    engine = create_engine(state_url(url))
+    # pre-ping: a module restarts the session's PostgreSQL (a database restarted under load),
+    # which kills the connections this pool holds from before
+    engine = create_engine(state_url(url), pool_pre_ping=True)
     yield engine
     engine.dispose()
 

@@ -108,53 +108,57 @@ def test_job_resumes_from_an_artifact_checkpoint_on_another_node(
         cluster.add_node(num_cpus=1, num_gpus=1, labels=labels, **COMMON_NODE_ARGS)
         for _ in range(2)
     ]
-    wait_for(
-        lambda: sum(n["gpu_model"] == "P100" and n["alive"] for n in admin.nodes()) == 2,
-        what="two P100 nodes",
-    )
-    (tmp_path / "code").mkdir()
-    (tmp_path / "code" / "job.py").write_text(CKPT_SCRIPT)
-    spec = {
-        "kind": "job",
-        "name": "ckpt-mover",
-        "working_dir": ".",
-        "command": "python job.py",
-        "max_restarts": 1,
-        "resources": {"cpus": 1, "gpus": 1, "gpu_model": "P100"},
-    }
-    job = admin.submit(spec, pack_workdir(tmp_path / "code"))
-    first = admin.wait(job["id"], {"RUNNING"}, timeout=60)
-    wait_for(
-        lambda: b"saved default/ckpt-mover-ckpt:" in admin.logs(job["id"])[0],
-        timeout=60,
-        what="the checkpoint to be saved",
-    )
-    victim = next(n for n in nodes if n.node_id == first["placement"][0])
-    cluster.remove_node(victim, allow_graceful=False)
-    done = admin.wait(job["id"], {"SUCCEEDED", "FAILED"}, timeout=120)
-    assert done["status"] == "SUCCEEDED", done
-    assert done["attempt"] == 2 and done["placement"] != first["placement"]
-    log = admin.logs(job["id"])[0].decode()
-    first_log = admin.logs(job["id"], attempt=1)[0].decode()
-    assert f"resumed from step 5 on {victim.node_id}" in log, (first, done, first_log, log)
-    ckpt = arts.version(admin, "default/ckpt-mover-ckpt:latest")
-    assert ckpt["kind"] == "checkpoint" and ckpt["metadata"] == {"step": 5}
+    removed: list = []
+    try:  # the P100 nodes must not outlive the test, whatever fails (later modules count nodes)
+        wait_for(
+            lambda: sum(n["gpu_model"] == "P100" and n["alive"] for n in admin.nodes()) == 2,
+            what="two P100 nodes",
+        )
+        (tmp_path / "code").mkdir()
+        (tmp_path / "code" / "job.py").write_text(CKPT_SCRIPT)
+        spec = {
+            "kind": "job",
+            "name": "ckpt-mover",
+            "working_dir": ".",
+            "command": "python job.py",
+            "max_restarts": 1,
+            "resources": {"cpus": 1, "gpus": 1, "gpu_model": "P100"},
+        }
+        job = admin.submit(spec, pack_workdir(tmp_path / "code"))
+        first = admin.wait(job["id"], {"RUNNING"}, timeout=60)
+        wait_for(
+            lambda: b"saved default/ckpt-mover-ckpt:" in admin.logs(job["id"])[0],
+            timeout=60,
+            what="the checkpoint to be saved",
+        )
+        victim = next(n for n in nodes if n.node_id == first["placement"][0])
+        cluster.remove_node(victim, allow_graceful=False)
+        removed.append(victim)
+        done = admin.wait(job["id"], {"SUCCEEDED", "FAILED"}, timeout=120)
+        assert done["status"] == "SUCCEEDED", done
+        assert done["attempt"] == 2 and done["placement"] != first["placement"]
+        log = admin.logs(job["id"])[0].decode()
+        first_log = admin.logs(job["id"], attempt=1)[0].decode()
+        assert f"resumed from step 5 on {victim.node_id}" in log, (first, done, first_log, log)
+        ckpt = arts.version(admin, "default/ckpt-mover-ckpt:latest")
+        assert ckpt["kind"] == "checkpoint" and ckpt["metadata"] == {"step": 5}
 
-    # Each attempt got a token of the job's owner; all are revoked once the job ended.
-    def job_tokens():
-        with state_db.connect() as db:
-            sql = text("SELECT revoked FROM tokens WHERE job_id = :j")
-            return db.execute(sql, {"j": job["id"]}).all()
+        # Each attempt got a token of the job's owner; all are revoked once the job ended.
+        def job_tokens():
+            with state_db.connect() as db:
+                sql = text("SELECT revoked FROM tokens WHERE job_id = :j")
+                return db.execute(sql, {"j": job["id"]}).all()
 
-    wait_for(
-        lambda: (rows := job_tokens()) and all(r[0] for r in rows),
-        timeout=30,
-        what="the job's tokens to be revoked",
-    )
-    assert len(job_tokens()) == 2
-    for n in nodes:
-        if n is not victim:
-            cluster.remove_node(n, allow_graceful=True)
+        wait_for(
+            lambda: (rows := job_tokens()) and all(r[0] for r in rows),
+            timeout=30,
+            what="the job's tokens to be revoked",
+        )
+        assert len(job_tokens()) == 2
+    finally:
+        for n in nodes:
+            if n not in removed:
+                cluster.remove_node(n, allow_graceful=True)
 
 
 def test_jobs_prefer_nodes_that_already_cache_their_inputs(admin, tmp_path):
