@@ -57,6 +57,7 @@ from aicluster.engine.protocol import LaunchRequest, NodeInfo, WorkerState
 from aicluster.sim.traces import TraceJob, load_philly, synthetic
 from aicluster.specs.job import JobSpec
 from aicluster.store import open_store
+from aicluster.store.jobs import new_job_values
 from aicluster.store.quotas import QuotaStore
 from aicluster.store.schema import EventRow, JobRow
 
@@ -176,22 +177,7 @@ def preload(store, specs: list[JobSpec]) -> None:
         jobs, events = [], []
         for k, spec in enumerate(specs[start : start + 5000], start=start):
             job_id = f"{spec.name}-{k:06x}"
-            jobs.append(
-                dict(
-                    id=job_id,
-                    name=spec.name,
-                    team=spec.team,
-                    owner="admin",
-                    spec=spec.model_dump(mode="json"),
-                    status=JobStatus.PENDING.value,
-                    reason=Reason.SUBMITTED.value,
-                    priority=spec.priority,
-                    restarts=0,
-                    attempt=0,
-                    created_at=now,
-                    updated_at=now,
-                )
-            )
+            jobs.append(new_job_values(spec, "admin", job_id, now))
             events.append(
                 dict(
                     ts=now,

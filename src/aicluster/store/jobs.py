@@ -70,6 +70,27 @@ class JobRecord:
 _FIELDS = tuple(c for c in JobRecord.__dataclass_fields__ if c != "spec")
 
 
+def new_job_values(
+    spec: JobSpec, owner: str, job_id: str, now: float, workdir: str | None = None
+) -> dict:
+    """The columns of a newly submitted (PENDING) job's row."""
+    return dict(
+        id=job_id,
+        name=spec.name,
+        team=spec.team,
+        owner=owner,
+        spec=spec.model_dump(mode="json"),
+        status=JobStatus.PENDING.value,
+        reason=Reason.SUBMITTED.value,
+        priority=spec.priority,
+        restarts=0,
+        attempt=0,
+        workdir=workdir,
+        created_at=now,
+        updated_at=now,
+    )
+
+
 def job_query(*where):
     """The columns of JobRow as plain rows (no ORM objects), the spec as its stored text:
     `read_jobs` parses each text once per job (store.spec_cache)."""
@@ -241,22 +262,8 @@ class JobStore:
 
     def _add_job(self, s, spec: JobSpec, owner: str, workdir: str | None) -> JobRow:
         """Add a PENDING job and its JobSubmitted event to `s` (its team checked)."""
-        now = self.clock()
-        row = JobRow(
-            id=f"{spec.name}-{secrets.token_hex(3)}",
-            name=spec.name,
-            team=spec.team,
-            owner=owner,
-            spec=spec.model_dump(mode="json"),
-            status=JobStatus.PENDING.value,
-            reason=Reason.SUBMITTED.value,
-            priority=spec.priority,
-            restarts=0,
-            attempt=0,
-            workdir=workdir,
-            created_at=now,
-            updated_at=now,
-        )
+        job_id = f"{spec.name}-{secrets.token_hex(3)}"
+        row = JobRow(**new_job_values(spec, owner, job_id, self.clock(), workdir))
         s.add(row)
         self._event(
             s,
