@@ -39,6 +39,14 @@ def main() -> None:
     )
     ap.add_argument("--jobs", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument(
+        "--gap",
+        type=float,
+        default=3.0,
+        help="seconds of quiet after every sample, for both systems: the background work "
+        "one system starts after a job (refilling warm workers and pooled actors) must not "
+        "land in the other system's measurement",
+    )
     args = ap.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="aic-bench-"))
@@ -85,7 +93,7 @@ def main() -> None:
         stderr=subprocess.STDOUT,
     )
     try:
-        ours, theirs = run(home, api_port, dash_port, args.jobs, args.warmup, Client)
+        ours, theirs = run(home, api_port, dash_port, args.jobs, args.warmup, args.gap, Client)
     finally:
         cp.terminate()
         cp.wait(timeout=30)
@@ -106,7 +114,7 @@ def wait_up(check, timeout=120):
     raise SystemExit("a server did not come up in time")
 
 
-def run(home: Path, api_port: int, dash_port: int, n: int, warmup: int, Client):
+def run(home: Path, api_port: int, dash_port: int, n: int, warmup: int, gap: float, Client):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     url = f"http://127.0.0.1:{api_port}"
@@ -129,6 +137,7 @@ def run(home: Path, api_port: int, dash_port: int, n: int, warmup: int, Client):
             time.sleep(POLL_S)
         dt = time.perf_counter() - t0
         client.wait(job["id"], {"SUCCEEDED", "FAILED"}, timeout=60)
+        time.sleep(gap)
         return dt
 
     def theirs_once() -> float:
@@ -143,6 +152,7 @@ def run(home: Path, api_port: int, dash_port: int, n: int, warmup: int, Client):
         dt = time.perf_counter() - t0
         while not ray_jobs.get_job_status(sid).is_terminal():
             time.sleep(0.05)
+        time.sleep(gap)
         return dt
 
     for _ in range(warmup):

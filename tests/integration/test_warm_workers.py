@@ -73,3 +73,69 @@ def test_a_job_runs_in_a_worker_process_started_before_it_was_submitted(admin, r
     )
     admin.cancel(job["id"])
     assert admin.wait(job["id"], TERMINAL, timeout=60)["status"] == "CANCELLED"
+
+
+_RANKS = """
+import json, sys, ray
+from ray.experimental import internal_kv
+ray.init(address=sys.argv[1], namespace="aicluster", log_to_driver=False, logging_level="ERROR")
+out = {}
+for name in sys.argv[2:]:
+    alias = internal_kv._internal_kv_get(name, namespace="aicluster-actor-alias")
+    alias = alias.decode() if alias else None
+    def alive(n):
+        try:
+            ray.get_actor(n)
+            return True
+        except ValueError:
+            return False
+    out[name] = {"named": alive(name), "alias": alias, "alias_alive": bool(alias) and alive(alias)}
+print(json.dumps(out))
+"""
+
+
+def _ranks(cluster, *names: str) -> dict:
+    """What Ray holds for these rank names, asked by a driver of its own: an actor of
+    that name, the pooled actor its alias names, and whether that one is alive."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _RANKS, cluster.address, *names],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_cpu_rank_binds_a_pooled_actor_and_a_gpu_rank_gets_one_of_its_own(admin, ray_cluster):
+    """A CPU job's rank is a pooled actor (engine.actor_pool) named by its alias, killed
+    and unaliased with the job; a GPU rank is an actor made for it under its own name."""
+    cluster, _ = ray_cluster
+    cpu = admin.submit({"kind": "job", "name": "pooled", "command": "sleep 60"}, None)
+    gpu = admin.submit(
+        {"kind": "job", "name": "ownactor", "command": "sleep 60", "resources": {"gpus": 1}},
+        None,
+    )
+    try:
+        for job in (cpu, gpu):
+            admin.wait(job["id"], {"RUNNING"}, timeout=90)
+        cpu_rank, gpu_rank = (f"aic-{j['id']}-a1-r0" for j in (cpu, gpu))
+        held = _ranks(cluster, cpu_rank, gpu_rank)
+        assert held[cpu_rank]["named"] is False
+        assert held[cpu_rank]["alias"].startswith("aic-pool-")
+        assert held[cpu_rank]["alias_alive"] is True
+        assert held[gpu_rank] == {"named": True, "alias": None, "alias_alive": False}
+        pooled = held[cpu_rank]["alias"]
+    finally:
+        for job in (cpu, gpu):
+            admin.cancel(job["id"])
+    for job in (cpu, gpu):
+        assert admin.wait(job["id"], TERMINAL, timeout=60)["status"] == "CANCELLED"
+    gone = _ranks(cluster, cpu_rank, gpu_rank, pooled)
+    assert gone[cpu_rank] == {"named": False, "alias": None, "alias_alive": False}
+    assert gone[gpu_rank]["named"] is False
+    assert gone[pooled]["named"] is False  # killed with its job, never handed out again

@@ -4,21 +4,30 @@ A gang is a detached placement group `aic-<job>-a<attempt>` whose bundle i is
 pinned (label selector `ray.io/node-id`) to placement[i], and one detached actor
 per bundle, `aic-<job>-a<attempt>-r<rank>`, that runs the worker's command.
 Detached lifetimes let gangs outlive a control-plane restart; names let a new
-control plane find them again. Every Ray call of aicluster lives in this module.
+control plane find them again. Every Ray call of aicluster lives in this module
+and in engine.worker_actor (the actor class, kept light: a worker imports it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import re
 import secrets
 import time
+import uuid
 
 import ray
+from ray.experimental import internal_kv
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
 
+from aicluster.engine import actor_pool
+from aicluster.engine.actor_pool import ALIAS_NAMESPACE, POOL_PREFIX, ActorPool, Idle
 from aicluster.engine.logsink import start_sink
 from aicluster.engine.prestart import PER_NODE, Prestarter, raylet_prestart
 from aicluster.engine.protocol import (
@@ -30,9 +39,9 @@ from aicluster.engine.protocol import (
     NodeInfo,
     WorkerState,
 )
+from aicluster.engine.worker_actor import RemoteWorker
 from aicluster.runtime.launchers import Gang, rank_command
 from aicluster.runtime.torchenv import worker_env
-from aicluster.runtime.worker import WorkerProcess
 
 log = logging.getLogger(__name__)
 NAMESPACE = "aicluster"
@@ -53,44 +62,6 @@ def actor_name(job_id: str, attempt: int, rank: int) -> str:
     return f"{gang_name(job_id, attempt)}-r{rank}"
 
 
-class _Streamer:
-    """A worker's `on_output`: each chunk goes to the log sink (engine.logsink) as it is
-    written, fire-and-forget from the pump thread. At most MAX_IN_FLIGHT pushes are
-    unanswered; a chunk past that is dropped (the sink then restarts the stream at the
-    next push: the sink is best effort, the worker's file stays whole)."""
-
-    MAX_IN_FLIGHT = 64
-
-    def __init__(self, sink, key: tuple[str, int, int]):
-        self.sink, self.key, self.pending = sink, key, []
-
-    def __call__(self, offset: int, chunk: bytes) -> None:
-        if len(self.pending) >= self.MAX_IN_FLIGHT:
-            _, self.pending = ray.wait(
-                self.pending, num_returns=len(self.pending), timeout=0, fetch_local=False
-            )
-            if len(self.pending) >= self.MAX_IN_FLIGHT:
-                return
-        self.pending.append(self.sink.push.remote(self.key, offset, chunk))
-
-
-class _WorkerActor(WorkerProcess):
-    def __init__(self, job_id: str, attempt: int, rank: int, sink=None):
-        streamer = _Streamer(sink, (job_id, attempt, rank)) if sink is not None else None
-        super().__init__(job_id, attempt, rank, on_output=streamer)
-
-    def where(self) -> dict:
-        """The node this worker really runs on and the GPUs Ray granted it."""
-        return {
-            "ip": ray.util.get_node_ip_address(),
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "gpu_ids": [int(g) for g in ray.get_gpu_ids()],
-        }
-
-
-_RemoteWorker = ray.remote(max_restarts=0, max_concurrency=4)(_WorkerActor)
-
-
 class RayEngine:
     def __init__(
         self,
@@ -100,10 +71,13 @@ class RayEngine:
         launch_timeout: float = 60.0,
         sandbox_for=None,
         warm_workers: int = PER_NODE,
+        pooled_actors: int = actor_pool.PER_NODE,
     ):
         """`sandbox_for(team) -> dict | None`: the SandboxPolicy (runtime.sandbox) that the
         team's workloads run under on every node; None runs them unsandboxed.
-        `warm_workers`: idle Ray workers kept started on every node (engine.prestart)."""
+        `warm_workers`: idle Ray workers kept started on every node (engine.prestart);
+        `pooled_actors`: idle worker actors kept on every node for CPU ranks
+        (engine.actor_pool)."""
         if not ray.is_initialized():
             ray.init(
                 address=address,
@@ -117,6 +91,8 @@ class RayEngine:
         self.sandbox_for = sandbox_for or (lambda _team: None)
         self.sink = self._start_sink()
         self.prestarter = self._start_prestarter(warm_workers)
+        self.pool = ActorPool(self._pool_create, self._pool_kill, pooled_actors)
+        self.aliases: dict[tuple[str, int, int], str] = {}  # rank -> its pooled actor's name
 
     @staticmethod
     def _start_prestarter(per_node: int) -> Prestarter | None:
@@ -137,7 +113,25 @@ class RayEngine:
             log.warning("no log sink: output printed just before a node dies may be lost")
             return None
 
+    def _pool_create(self, node_id: str) -> Idle:
+        name = f"{POOL_PREFIX}{uuid.uuid4().hex[:16]}"
+        handle = RemoteWorker.options(
+            name=name,
+            lifetime="detached",
+            num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote(idle_s=actor_pool.IDLE_S)
+        up = handle.where.remote()
+        if self.prestarter is not None:
+            self.prestarter.used([node_id])  # it took one of the node's warm workers
+        return Idle(name, handle, lambda: bool(ray.wait([up], timeout=0)[0]))
+
+    @staticmethod
+    def _pool_kill(idle: Idle) -> None:
+        ray.kill(idle.handle, no_restart=True)
+
     def close(self) -> None:
+        self.pool.stop()
         ray.shutdown()
 
     # -- inventory ----------------------------------------------------------------
@@ -174,6 +168,7 @@ class RayEngine:
                 )
         if self.prestarter is not None:
             self.prestarter.seen(raylets)
+        self.pool.seen([r[0] for r in raylets])
         return out
 
     # -- gangs --------------------------------------------------------------------
@@ -206,20 +201,7 @@ class RayEngine:
                     "placement group not ready in time (capacity taken outside aicluster?)"
                 )
             took.append(time.monotonic())
-            actors = [
-                _RemoteWorker.options(
-                    name=actor_name(req.job_id, req.attempt, rank),
-                    lifetime="detached",
-                    num_cpus=req.cpus,
-                    num_gpus=req.gpus,
-                    memory=req.memory or None,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        pg, placement_group_bundle_index=rank
-                    ),
-                ).remote(req.job_id, req.attempt, rank, self.sink)
-                for rank in range(len(req.placement))
-            ]
-            where = ray.get([a.where.remote() for a in actors], timeout=self.launch_timeout)
+            actors, where = self._workers(req, pg)
             took.append(time.monotonic())
             master_addr, master_port = ray.get(
                 actors[0].node_address.remote(where[0]["ip"]), timeout=self.call_timeout
@@ -249,6 +231,9 @@ class RayEngine:
                     )
                 )
                 env["AICLUSTER_NODE_ID"] = where[rank]["node_id"]
+                # What Ray gives an actor holding the rank's CPUs (a pooled one holds
+                # none, and Ray would say 1): the job's own value wins.
+                env.setdefault("OMP_NUM_THREADS", str(max(1, math.floor(req.cpus))))
                 command, launch_env = rank_command(
                     req.launcher, req.command, gang, rank, secret=secret
                 )
@@ -271,8 +256,6 @@ class RayEngine:
                 gang_name(req.job_id, req.attempt),
                 *(b - a for a, b in zip(took, took[1:])),
             )
-            if self.prestarter is not None:
-                self.prestarter.used([w["node_id"] for w in where])
             return master_addr, master_port
         except LaunchError:
             self.stop(req.job_id, req.attempt, len(req.placement))
@@ -280,6 +263,68 @@ class RayEngine:
         except Exception as exc:
             self.stop(req.job_id, req.attempt, len(req.placement))
             raise LaunchError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _workers(self, req: LaunchRequest, pg) -> tuple[list, list[dict]]:
+        """One worker actor per rank, up, and where each runs: a CPU rank binds an idle
+        pooled actor of its node when there is one (engine.actor_pool), any other rank
+        (or one whose pooled actor expired meanwhile) gets an actor made for it."""
+        actors: list = [None] * len(req.placement)
+        where: list = [None] * len(req.placement)
+        bound = {}
+        for rank, node_id in enumerate(req.placement):
+            idle = None if req.gpus else self.pool.take(node_id)
+            if idle is None:
+                continue
+            key = (req.job_id, req.attempt, rank)
+            # The alias first: a control plane that dies before the bind leaves an
+            # alias to an idle actor (it expires; a stop kills it), never a bound
+            # actor that nothing names.
+            internal_kv._internal_kv_put(actor_name(*key), idle.name, namespace=ALIAS_NAMESPACE)
+            self.aliases[key] = idle.name
+            bound[rank] = (idle, idle.handle.bind.remote(*key, self.sink))
+        for rank, (idle, ref) in bound.items():
+            try:
+                where[rank] = ray.get(ref, timeout=self.call_timeout)
+            except Exception:  # noqa: BLE001 - dead or expired: a fresh actor instead
+                where[rank] = None
+            if where[rank] is not None:
+                actors[rank] = idle.handle
+                continue
+            self._pool_kill_quietly(idle)
+            self._unalias(req.job_id, req.attempt, rank)
+        fresh = [rank for rank in range(len(req.placement)) if actors[rank] is None]
+        for rank in fresh:
+            actors[rank] = RemoteWorker.options(
+                name=actor_name(req.job_id, req.attempt, rank),
+                lifetime="detached",
+                num_cpus=req.cpus,
+                num_gpus=req.gpus,
+                memory=req.memory or None,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    pg, placement_group_bundle_index=rank
+                ),
+            ).remote(req.job_id, req.attempt, rank, self.sink)
+        ups = ray.get([actors[r].where.remote() for r in fresh], timeout=self.launch_timeout)
+        for rank, up in zip(fresh, ups):
+            where[rank] = up
+        if fresh and self.prestarter is not None:
+            self.prestarter.used([where[r]["node_id"] for r in fresh])
+        return actors, where
+
+    def _pool_kill_quietly(self, idle: Idle) -> None:
+        try:
+            self._pool_kill(idle)
+        except Exception:  # noqa: BLE001 - gone already
+            pass
+
+    def _unalias(self, job_id: str, attempt: int, rank: int) -> None:
+        self.aliases.pop((job_id, attempt, rank), None)
+        try:
+            internal_kv._internal_kv_del(
+                actor_name(job_id, attempt, rank), namespace=ALIAS_NAMESPACE
+            )
+        except Exception:  # noqa: BLE001 - best effort: a stale alias names a dead actor
+            pass
 
     def _swarm(self, req: LaunchRequest, gang: Gang, actors, where, secret: str):
         """Per node of a multi-node gang with inputs, its place in the swarm that shares
@@ -370,6 +415,8 @@ class RayEngine:
                 ray.kill(a, no_restart=True)
             except Exception:  # noqa: BLE001
                 pass
+        for r in range(workers):
+            self._unalias(job_id, attempt, r)
         try:
             pg = ray.util.get_placement_group(gang_name(job_id, attempt))
             remove_placement_group(pg)
@@ -403,13 +450,38 @@ class RayEngine:
             m = _GANG_RE.match(info.get("name") or "")
             if m and info.get("state") != "REMOVED":
                 out.add((m["job"], int(m["attempt"])))
+        for key in internal_kv._internal_kv_list("aic-", namespace=ALIAS_NAMESPACE):
+            m = _ACTOR_RE.match(key.decode(errors="replace"))
+            if m:
+                out.add((m["job"], int(m["attempt"])))
         return out
 
     def _actor(self, job_id: str, attempt: int, rank: int):
+        """The rank's worker actor: by its own name, or through its alias when it was
+        a pooled actor (engine.actor_pool); None when it is gone."""
+        name = self.aliases.get((job_id, attempt, rank))
+        if name is None:
+            try:
+                return ray.get_actor(actor_name(job_id, attempt, rank), namespace=NAMESPACE)
+            except ValueError:
+                name = self._alias(job_id, attempt, rank)
+                if name is None:
+                    return None
+                self.aliases[(job_id, attempt, rank)] = name
         try:
-            return ray.get_actor(actor_name(job_id, attempt, rank), namespace=NAMESPACE)
+            return ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:
             return None
+
+    @staticmethod
+    def _alias(job_id: str, attempt: int, rank: int) -> str | None:
+        try:
+            value = internal_kv._internal_kv_get(
+                actor_name(job_id, attempt, rank), namespace=ALIAS_NAMESPACE
+            )
+        except Exception:  # noqa: BLE001 - unknown: treated as no alias
+            return None
+        return value.decode() if value else None
 
 
 def _accelerator(resources: dict) -> str | None:
