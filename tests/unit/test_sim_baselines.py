@@ -171,3 +171,45 @@ def test_every_job_of_a_synthetic_trace_finishes(policy, cfg):
     for r in res.jobs:
         if r.finish is not None:
             assert r.finish - r.first_start >= r.job.duration - 1e-6
+
+
+def test_las_ranks_running_gangs_as_its_queue_and_work_lost_say_whatever_it_kept():
+    """`LasPolicy._ranked_running` computes each gang's queue and work lost from what it
+    keeps per running gang; its order must stay the one `running_queue` and
+    `RunningWorkload.work_lost` give, at every clock, also when the same objects come
+    again (the simulator's reuse) and when they are new."""
+    import random
+
+    rnd = random.Random(7)
+    policy = LasPolicy()
+    runs = []
+    for i in range(60):
+        g = replace(
+            gang(f"r{i:02d}", rnd.choice([1, 2, 4, 8]), submitted=rnd.uniform(0, 5 * H)),
+            attained_service=rnd.choice([0.0, 0.5 * H, 4 * H, 40 * H]),
+            priority=rnd.choice([0, 0, 1]),
+            preemptible=rnd.random() > 0.1,
+        )
+        extra = rnd.choice(
+            [{}, {"checkpoint_every_s": 900.0}, {"last_checkpoint_at": 6 * H + 100.0}]
+        )
+        runs.append(RunningWorkload(g, ("n0",), 6 * H + rnd.uniform(0, 2 * H), **extra))
+    for clock in (6 * H, 7 * H, 9 * H, 30 * H):
+        expected = sorted(
+            (
+                (
+                    r.gang.priority,
+                    -policy.running_queue(r, clock),
+                    r.work_lost(clock),
+                    -r.gang.submitted_at,
+                    r.workload_id,
+                )
+                for r in runs
+                if r.gang.preemptible and r.started_at < clock
+            )
+        )
+        for same in (tuple(runs), tuple(replace(r) for r in runs)):
+            ranked, prefixes = policy._ranked_running(same, clock)
+            assert [e[:5] for e in ranked] == expected
+            assert prefixes == [e[:2] for e in expected]
+    assert expected and len({e[1] for e in expected}) > 1  # the queues differ: it is tested

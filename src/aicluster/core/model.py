@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -215,9 +216,12 @@ class WaitKind(StrEnum):
     BUDGET = "budget"  # its team is held: over its monthly budget, which is enforced
 
 
-@dataclass(frozen=True)
-class Wait:
-    """Not admitted this cycle: `kind` says what it waits for, `reason` says it to a user."""
+class Wait(NamedTuple):
+    """Not admitted this cycle: `kind` says what it waits for, `reason` says it to a user.
+
+    A named tuple, not a frozen dataclass: a cycle says one for every gang it does not
+    admit (30 million in a whole Philly replay), and a frozen dataclass takes 2.5x as
+    long to make."""
 
     workload_id: str
     reason: str

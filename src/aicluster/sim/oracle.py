@@ -22,6 +22,7 @@ an arrival-ordered window hides the short gangs it would pick.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -57,14 +58,16 @@ class SrtfOracle:
         # running gangs, longest remaining (the first victims) first; sorted only when a
         # gang first tries to preempt
         running = once(
-            lambda: sorted(
-                (
-                    (r.gang.priority, -left(r.workload_id, clock), -r.gang.submitted_at),
-                    r.workload_id,
-                    r,
+            lambda: _by_class(
+                sorted(
+                    (
+                        (r.gang.priority, -left(r.workload_id, clock), -r.gang.submitted_at),
+                        r.workload_id,
+                        r,
+                    )
+                    for r in snapshot.running
+                    if r.gang.preemptible and r.started_at < clock  # see `RankedPreemptor`
                 )
-                for r in snapshot.running
-                if r.gang.preemptible and r.started_at < clock  # see `RankedPreemptor`
             )
         )
         failed: dict[tuple, float] = {}  # shape -> shortest remaining that found no victims
@@ -82,10 +85,11 @@ class SrtfOracle:
                     shape = preemption_shape(g, pool, g.priority)
                     if pool not in c.index.pools or mine >= failed.get(shape, float("inf")):
                         continue
-                    victims = [
+                    victims = [  # same or lower class, more time left: a prefix of each
                         r
-                        for (prio, neg, _), _, r in running()
-                        if prio <= g.priority and -neg > mine
+                        for prio, negs, gangs in running()
+                        if prio <= g.priority
+                        for r in gangs[: bisect_left(negs, -mine)]
                     ]
                     n = preemptor.preempt(
                         g,
@@ -108,3 +112,16 @@ class SrtfOracle:
                 continue
             c.wait(g, refusal.reason, refusal.kind)
         return c.decisions()
+
+
+def _by_class(ranked: list) -> list[tuple[int, list[float], list]]:
+    """The ranked running gangs ((class, -left, -submitted), id, gang), ascending, as
+    (class, their -left, their gangs) per priority class in the same order: within a
+    class the gangs with more than t seconds left are the prefix before -t."""
+    out: list[tuple[int, list[float], list]] = []
+    for (prio, neg, _), _, r in ranked:
+        if not out or out[-1][0] != prio:
+            out.append((prio, [], []))
+        out[-1][1].append(neg)
+        out[-1][2].append(r)
+    return out

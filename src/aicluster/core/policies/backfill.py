@@ -89,6 +89,8 @@ class _QuotaHold:
     def __init__(self, c: Cycle, head: GangRequest, pool: str) -> None:
         self.c, self.head, self.pool = c, head, pool
         self._shadow: list[float] | None = None
+        # the reason of every gang held behind it (one sentence, made once)
+        self.behind = f"queued behind {head.workload_id} (starting now would delay it)"
 
     def shadow(self) -> list[float]:
         """[time, spare GPUs]; `spare` shrinks as gangs outliving `time` start."""
@@ -122,18 +124,22 @@ class BackfillPolicy:
         quota_wait: dict[tuple, _QuotaHold] = {}
         quota_full: dict[tuple, int] = {}
         parts: dict[tuple, tuple] = {}
+        wait, behind = c.wait, WaitKind.QUEUED_BEHIND
         for g in sorted(snapshot.pending, key=arrival_key):
-            part = parts.get((g.team, g.pool)) or parts.setdefault(
-                (g.team, g.pool), partition_of(c, g)
-            )
+            part = parts.get((g.team, g.pool))
+            if part is None:
+                part = parts[(g.team, g.pool)] = partition_of(c, g)
             hold = quota_wait.get(part)
-            if hold is not None and self._behind(g, hold, quota_full[part], clock):
-                c.wait(
-                    g,
-                    f"queued behind {hold.head.workload_id} (starting now would delay it)",
-                    WaitKind.QUEUED_BEHIND,
-                )
-                continue
+            if hold is not None:  # may it start ahead of the quota-blocked head? (most gangs
+                # of a full partition stop here: decided inline, no call per gang)
+                gpus = g.total.gpus
+                if gpus >= quota_full[part]:
+                    wait(g, hold.behind, behind)  # the quota refuses it now anyway
+                    continue
+                time, spare = hold.shadow()
+                if gpus > spare and _outlives(g, clock, time):
+                    wait(g, hold.behind, behind)
+                    continue
             refusal = self._try(c, g, reserved)
             if refusal is None:
                 if hold is not None and _outlives(g, clock, hold.shadow()[0]):
@@ -155,14 +161,6 @@ class BackfillPolicy:
                 quota_wait[part] = _QuotaHold(c, g, c.pools_for(g)[0])
             c.wait(g, reason, kind)
         return c.decisions()
-
-    @staticmethod
-    def _behind(g: GangRequest, hold: _QuotaHold, refused: int, clock: float) -> bool:
-        """True if `g` may not start ahead of the quota-blocked head of its partition."""
-        if g.total.gpus >= refused:
-            return True  # the quota refuses it now anyway
-        time, spare = hold.shadow()
-        return _outlives(g, clock, time) and g.total.gpus > spare
 
     @staticmethod
     def _reserve(c: Cycle, g: GangRequest, reserved: dict[str, Reservation]) -> None:

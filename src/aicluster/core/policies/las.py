@@ -39,7 +39,7 @@ victim's room in the cycle that preempts it.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -183,23 +183,7 @@ class LasPolicy:
         )
         # running gangs, the lowest-ranked (the first victims) first; sorted only when a
         # gang first tries to preempt (most cycles never do)
-        running = once(
-            lambda: sorted(
-                (
-                    (
-                        r.gang.priority,
-                        -self.running_queue(r, clock),
-                        r.work_lost(clock),
-                        -r.gang.submitted_at,
-                        r.workload_id,
-                        r,
-                    )
-                    for r in snapshot.running
-                    if r.gang.preemptible and r.started_at < clock  # see `RankedPreemptor`
-                ),
-                key=lambda e: e[:5],
-            )
-        )
+        running = once(lambda: self._ranked_running(snapshot.running, clock))
         failed: set[tuple] = set()
         held = False
         refused: dict[tuple, Refusal] = {}  # within a cycle, room only shrinks
@@ -237,6 +221,63 @@ class LasPolicy:
             c.wait(g, reason, refusal.kind)
         return c.decisions()
 
+    def _ranked_running(self, running: tuple, clock: float) -> tuple[list, list]:
+        """The preemptible running gangs as (priority class, -queue, work lost, -submitted,
+        id, gang), ascending (the first victims first; ids are unique, so the gangs are
+        never compared), and their (priority class, -queue) prefixes in the same order.
+
+        The same order as sorting by `running_queue` and `RunningWorkload.work_lost`, with
+        what does not depend on the clock computed once per running gang (kept in the
+        memo while the same object comes again: the simulator reuses them)."""
+        kept = self.memo.setdefault("las_running", {})
+        if len(kept) > 4 * len(running) + 1024:
+            kept.clear()
+        thresholds = self.thresholds
+        out = []
+        for r in running:
+            hit = kept.get(id(r))
+            if hit is None or hit[0] is not r:
+                hit = kept[id(r)] = (r, *self._constants(r))
+            _, ok, prio, promoted, attained, gpus, started, lost_gpus, ckpt, every, neg, wid = hit
+            if not ok or started >= clock:  # see `RankedPreemptor`
+                continue
+            queue = (
+                0
+                if promoted
+                else bisect_right(thresholds, attained + max(0.0, clock - started) * gpus)
+            )
+            if ckpt is not None:  # RunningWorkload.last_checkpoint, inline
+                last = max(ckpt, started)
+            elif every and every > 0 and clock > started:
+                last = started + ((clock - started) // every) * every
+            else:
+                last = started
+            out.append((prio, -queue, max(0.0, clock - last) * lost_gpus, neg, wid, r))
+        out.sort()
+        return out, [e[:2] for e in out]
+
+    def _constants(self, r: RunningWorkload) -> tuple:
+        """What `running_queue` and `work_lost` read that does not change with the clock."""
+        g = r.gang
+        gpus = max(1, g.total.gpus)
+        before = g.attained_service / gpus
+        waited = r.started_at - g.submitted_at - before
+        knob = self.promote_knob
+        promoted = knob is not None and before > 0 and waited >= knob * before
+        return (
+            g.preemptible,
+            g.priority,
+            promoted,
+            g.attained_service,
+            gpus,
+            r.started_at,
+            g.total.gpus,
+            r.last_checkpoint_at,
+            r.checkpoint_every_s,
+            -g.submitted_at,
+            r.workload_id,
+        )
+
     def _preempt(self, c, g, level, running, preemptor, failed) -> tuple[int, str]:
         """Preempt gangs of lower queues for `g` in the first pool where that suffices."""
         rank = (g.priority, -level)
@@ -244,7 +285,9 @@ class LasPolicy:
             shape = preemption_shape(g, pool, rank)
             if pool not in c.index.pools or shape in failed:
                 continue
-            victims = [e[-1] for e in running() if e[:2] < rank]
+            ranked, prefixes = running()
+            # those of a strictly lower (class, queue): a prefix of the ranked list
+            victims = [e[-1] for e in ranked[: bisect_left(prefixes, rank)]]
             n = preemptor.preempt(
                 g,
                 pool,
