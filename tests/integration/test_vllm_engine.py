@@ -55,6 +55,10 @@ def live(cp, name: str) -> list[dict]:
 def vllm_procs(name: str) -> list[psutil.Process]:
     """This machine's vLLM servers that serve `name`."""
     out = []
+    # process_iter keeps its Process objects between calls: one kept for a process that
+    # ended, whose PID a vLLM server took since, reads the new cmdline but refuses kill()
+    # ("PID reused"). Fresh objects, fresh identities.
+    psutil.process_iter.cache_clear()
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
         flag = "--served-model-name"

@@ -40,6 +40,7 @@ def _idle_workers(raylets: dict[int, object]) -> dict[int, int]:
 
 def _ray_worker_of(marker: str) -> psutil.Process | None:
     """The Ray worker process (an ancestor titled ray::...) of the command holding marker."""
+    psutil.process_iter.cache_clear()  # a kept object of an ended process: a stale create_time
     for proc in psutil.process_iter(["cmdline"]):
         if marker in " ".join(proc.info["cmdline"] or []):
             for parent in proc.parents():
