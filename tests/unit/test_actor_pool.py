@@ -51,6 +51,21 @@ def pool(fake: FakeRay, **kw) -> ActorPool:
     return ActorPool(fake.create, fake.kill, **kw)
 
 
+def poke(p: ActorPool) -> None:
+    """Make the pool's thread look again now (its own timer runs on the real clock)."""
+    with p.cond:
+        p.cond.notify()
+
+
+def filled(clock, **kw) -> tuple[FakeRay, ActorPool]:
+    """A pool of one actor on node n1, on a clock the test moves, filled."""
+    fake = FakeRay()
+    p = pool(fake, per_node=1, clock=clock, **kw)
+    p.seen(["n1"])
+    wait_for(lambda: idle_count(p, "n1") == 1, timeout=10)
+    return fake, p
+
+
 def idle_count(p: ActorPool, node_id: str) -> int:
     with p.cond:
         return len(p.idle.get(node_id, []))
@@ -85,14 +100,10 @@ def test_only_an_actor_that_is_up_is_handed_out_and_none_on_an_unknown_node():
 
 def test_an_actor_older_than_the_renewal_age_is_never_handed_out_and_is_replaced():
     now = [1000.0]
-    fake = FakeRay()
-    p = pool(fake, per_node=1, renew_s=60.0, clock=lambda: now[0])
-    p.seen(["n1"])
-    wait_for(lambda: idle_count(p, "n1") == 1, timeout=10)
+    fake, p = filled(lambda: now[0], renew_s=60.0)
     now[0] += 61.0
     assert p.take("n1") is None  # would expire on its own soon: not given out
-    with p.cond:
-        p.cond.notify()  # the pool's thread looks again (its own timer uses the real clock)
+    poke(p)
     wait_for(lambda: fake.killed == ["aic-pool-0"], timeout=10, what="the old one killed")
     wait_for(lambda: idle_count(p, "n1") == 1 and len(fake.made) == 2, timeout=10)
     assert p.take("n1").name == "aic-pool-1"
@@ -101,18 +112,13 @@ def test_an_actor_older_than_the_renewal_age_is_never_handed_out_and_is_replaced
 
 def test_a_refill_waits_after_a_hand_out():
     now = [0.0]
-    fake = FakeRay()
-    p = pool(fake, per_node=1, refill_delay_s=30.0, clock=lambda: now[0])
-    p.seen(["n1"])
-    wait_for(lambda: idle_count(p, "n1") == 1, timeout=10)
+    fake, p = filled(lambda: now[0], refill_delay_s=30.0)
     assert p.take("n1") is not None
-    with p.cond:
-        p.cond.notify()
+    poke(p)
     wait_for(lambda: p.next_at.get("n1", 0.0) == 30.0, timeout=10)
     assert len(fake.made) == 1  # not before the delay
     now[0] = 31.0
-    with p.cond:
-        p.cond.notify()
+    poke(p)
     wait_for(lambda: idle_count(p, "n1") == 1, timeout=10, what="refilled after the delay")
     assert len(fake.made) == 2
     p.stop()
