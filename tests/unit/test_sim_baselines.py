@@ -197,16 +197,14 @@ def test_las_ranks_running_gangs_as_its_queue_and_work_lost_say_whatever_it_kept
     for clock in (6 * H, 7 * H, 9 * H, 30 * H):
         expected = sorted(
             (
-                (
-                    r.gang.priority,
-                    -policy.running_queue(r, clock),
-                    r.work_lost(clock),
-                    -r.gang.submitted_at,
-                    r.workload_id,
-                )
-                for r in runs
-                if r.gang.preemptible and r.started_at < clock
+                r.gang.priority,
+                -policy.running_queue(r, clock),
+                r.work_lost(clock),
+                -r.gang.submitted_at,
+                r.workload_id,
             )
+            for r in runs
+            if r.gang.preemptible and r.started_at < clock
         )
         for same in (tuple(runs), tuple(replace(r) for r in runs)):
             ranked, prefixes = policy._ranked_running(same, clock)
