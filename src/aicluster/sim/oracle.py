@@ -57,19 +57,7 @@ class SrtfOracle:
         )
         # running gangs, longest remaining (the first victims) first; sorted only when a
         # gang first tries to preempt
-        running = once(
-            lambda: _by_class(
-                sorted(
-                    (
-                        (r.gang.priority, -left(r.workload_id, clock), -r.gang.submitted_at),
-                        r.workload_id,
-                        r,
-                    )
-                    for r in snapshot.running
-                    if r.gang.preemptible and r.started_at < clock  # see `RankedPreemptor`
-                )
-            )
-        )
+        running = once(lambda: _by_class(self._ranked_running(snapshot.running, clock)))
         failed: dict[tuple, float] = {}  # shape -> shortest remaining that found no victims
         refused: dict = {}
         for (_, mine, _, _), g in pending:
@@ -112,6 +100,32 @@ class SrtfOracle:
                 continue
             c.wait(g, refusal.reason, refusal.kind)
         return c.decisions()
+
+    def _ranked_running(self, running: tuple, clock: float) -> list:
+        """((class, -left, -submitted), id, gang) of the preemptible running gangs,
+        ascending (the longest left first within a class).
+
+        A running gang's time left falls one second per second: the oracle is asked once
+        per attempt, at its start (kept in the memo while the same object comes again),
+        and `left` now is max(0, at start - (clock - started)): the oracle's own sum, in
+        the same order, so the same float."""
+        kept = self.memo.setdefault("srtf_running", {})
+        if len(kept) > 4 * len(running) + 1024:
+            kept.clear()
+        left, out = self.remaining, []
+        for r in running:
+            hit = kept.get(id(r))
+            if hit is None or hit[0] is not r:
+                g = r.gang
+                at_start = left(r.workload_id, r.started_at)
+                key = (g.preemptible, g.priority, -g.submitted_at, r.workload_id)
+                hit = kept[id(r)] = (r, at_start, key)
+            _, at_start, (ok, prio, neg_sub, wid) = hit
+            if not ok or r.started_at >= clock:  # see `RankedPreemptor`
+                continue
+            out.append(((prio, -max(0.0, at_start - (clock - r.started_at)), neg_sub), wid, r))
+        out.sort()
+        return out
 
 
 def _by_class(ranked: list) -> list[tuple[int, list[float], list]]:
