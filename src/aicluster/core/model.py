@@ -100,6 +100,12 @@ class GangRequest:
         return self.per_worker.scale(self.workers)
 
     @cached_property
+    def arrival(self) -> tuple:
+        """Its place in FCFS order: priority class first (high first), then arrival, then
+        id (computed once: fifo and backfill sort the queue by it every cycle)."""
+        return (-self.priority, self.submitted_at, self.workload_id)
+
+    @cached_property
     def shape(self) -> tuple:
         """What placing it depends on (not who asks, nor its preferred nodes), as plain
         values: a key that policies' memos hash cheaply."""
