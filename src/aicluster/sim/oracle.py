@@ -22,7 +22,7 @@ an arrival-ordered window hides the short gangs it would pick.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -132,10 +132,13 @@ def _by_class(ranked: list) -> list[tuple[int, list[float], list]]:
     """The ranked running gangs ((class, -left, -submitted), id, gang), ascending, as
     (class, their -left, their gangs) per priority class in the same order: within a
     class the gangs with more than t seconds left are the prefix before -t."""
+    prios = [e[0][0] for e in ranked]
+    negs = [e[0][1] for e in ranked]
+    gangs = [e[2] for e in ranked]
     out: list[tuple[int, list[float], list]] = []
-    for (prio, neg, _), _, r in ranked:
-        if not out or out[-1][0] != prio:
-            out.append((prio, [], []))
-        out[-1][1].append(neg)
-        out[-1][2].append(r)
+    start = 0
+    while start < len(ranked):
+        end = bisect_right(prios, prios[start], start)
+        out.append((prios[start], negs[start:end], gangs[start:end]))
+        start = end
     return out
