@@ -24,6 +24,9 @@ Invariants:
   given `--leave-session-attached`): the daemon and the ranks it starts stay in the
   worker's process group, so stopping the gang stops them.
 - The head exits with mpirun's exit code; idle agents are then told to exit 0.
+- Head, agents and daemons are the rank's own command (runtime.launchers `start`), run by
+  the worker inside the workload sandbox: the `os.environ` they pass on is already the
+  allow-listed workload environment (runtime.sandbox `workload_env`), never the worker's.
 """
 
 from __future__ import annotations
