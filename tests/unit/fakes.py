@@ -113,6 +113,7 @@ class FakeEngine:
         self.gangs: dict[tuple[str, int], FakeGang] = {}
         self.launched: list[LaunchRequest] = []
         self.stopped: list[tuple[str, int]] = []
+        self.fenced: list[tuple[str, int]] = []  # gangs asked with status(fence=True)
         self.fail_launch: dict[str, str] = {}  # job id -> the LaunchError's message
         self.outputs: dict[tuple[str, str], list[dict]] = {}  # (job id, path) -> file entries
         self.uploaded: list[tuple[str, int, str, list[str]]] = []
@@ -212,9 +213,13 @@ class FakeEngine:
             ]
             self.gangs[(req.job_id, req.attempt)] = FakeGang(req, workers)
 
-    def status(self, job_id: str, attempt: int, offsets: list[int]) -> list[WorkerState]:
+    def status(
+        self, job_id: str, attempt: int, offsets: list[int], fence: bool = False
+    ) -> list[WorkerState]:
         self.status_gate.wait(timeout=10)
         with self._lock:
+            if fence:
+                self.fenced.append((job_id, attempt))
             gang = self.gangs.get((job_id, attempt))
             out = []
             for rank, offset in enumerate(offsets):

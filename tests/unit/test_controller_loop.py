@@ -368,6 +368,8 @@ def test_a_launch_its_predecessor_left_unstarted_is_redone_control_plane_restart
     world.engine.release(job_id)
     world.tick()  # the orphan is looked at on the launch pool: the loop does not wait on it
     assert world.job(job_id).status == A and (job_id, 1) in world.engine.stopped
+    # its look fenced the ranks: the dead launch's start, if still on its way, is refused
+    assert world.engine.fenced == [(job_id, 1)]
     world.tick()  # and the next pass requeues it
     job = world.job(job_id)
     assert job.requeue_cause is RequeueCause.CONTROL_PLANE_RESTARTED and job.restarts == 0

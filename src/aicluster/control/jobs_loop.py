@@ -251,11 +251,14 @@ class Controller(Admission):
     def _adopt(self, job: JobRecord) -> _Redo | None:
         """On the pool, as a launch is (a half-created gang may take the engine's call
         timeout to answer, and the loop must not wait): None when every worker of the
-        orphaned attempt runs, else the gang is stopped and the attempt is to be redone."""
+        orphaned attempt runs, else the gang is stopped and the attempt is to be redone.
+        The status fences: a rank found not started can no longer be started by the dead
+        control plane's launch, which may still be on its way, so a redo never runs a
+        command a second time alongside that late start."""
         why = "control plane restarted during launch"
         workers = len(job.placement or [])
         try:
-            states = self.engine.status(job.id, job.attempt, [0] * workers)
+            states = self.engine.status(job.id, job.attempt, [0] * workers, fence=True)
             if states and all(s.started and not s.lost for s in states):
                 return None
         except Exception as exc:  # noqa: BLE001 - unknown state: redo it

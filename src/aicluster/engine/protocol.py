@@ -85,8 +85,12 @@ class Engine(Protocol):
         Raises LaunchError, having removed whatever it created, when the gang cannot start."""
         ...
 
-    def status(self, job_id: str, attempt: int, offsets: list[int]) -> list[WorkerState]:
-        """One state per rank (len(offsets) of them), each with its log from offsets[rank]."""
+    def status(
+        self, job_id: str, attempt: int, offsets: list[int], fence: bool = False
+    ) -> list[WorkerState]:
+        """One state per rank (len(offsets) of them), each with its log from offsets[rank].
+        `fence`: a rank that has not started by this call never starts afterwards, even
+        when a start for it is still on its way (what a takeover of a launch needs)."""
         ...
 
     def stop(self, job_id: str, attempt: int, workers: int) -> None:

@@ -343,8 +343,10 @@ class RayEngine:
             for r in range(len(req.placement))
         ]
 
-    def status(self, job_id: str, attempt: int, offsets: list[int]) -> list[WorkerState]:
-        """A live rank's log comes from its worker's file; a lost or unresponsive rank's
+    def status(
+        self, job_id: str, attempt: int, offsets: list[int], fence: bool = False
+    ) -> list[WorkerState]:
+        """`fence`: a rank not started now never starts (runtime.worker). A live rank's log comes from its worker's file; a lost or unresponsive rank's
         from the log sink (engine.logsink), which holds the tail its worker streamed
         off the node as it was written (see `_sink_tail` for what it may lack)."""
         refs = {}
@@ -356,7 +358,7 @@ class RayEngine:
                 states[rank] = WorkerState(rank, lost=True)
                 from_sink[rank] = offset
             else:
-                refs[rank] = actor.status.remote(offset)
+                refs[rank] = actor.status.remote(offset, fence=fence)
         for rank, ref in refs.items():
             try:
                 st = ray.get(ref, timeout=self.call_timeout)

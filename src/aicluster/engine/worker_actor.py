@@ -78,6 +78,23 @@ class WorkerActor(WorkerProcess):
             self._bind(job_id, attempt, rank, sink)
         return self.where()
 
+    def status(self, log_offset: int, max_bytes: int = 1 << 20, fence: bool = False) -> dict:
+        """As WorkerProcess.status; an idle actor asked (the alias of a launch whose
+        control plane died before the bind) says "not started", and with `fence` it is
+        never bound afterwards."""
+        with self._lock:
+            if not self._bound:
+                self._expired = self._expired or fence
+                return {"started": False, "pid": None, "exit_code": None, "log": b""}
+        return super().status(log_offset, max_bytes, fence)
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        with self._lock:
+            if not self._bound:
+                self._expired = True  # a bind still on its way is refused
+                return None
+        return super().stop(grace)
+
     def _expire(self) -> None:
         with self._lock:
             if self._bound:

@@ -13,6 +13,11 @@ Invariants:
   truth and the catch-up path. A failing `on_output` never stops the pump.
 - An exit code is reported only once the pump has drained the pipe (or has had
   its chance to), so a reader that sees the exit has the whole log.
+- A start never follows a stop or a fencing status (`status(fence=True)`): the
+  control plane that takes over a launch asks each rank once, and a rank that had
+  not started then never starts, even when the dead control plane's start call is
+  still on its way or half done (it is refused right before the command would run).
+  A redone attempt therefore never runs alongside the one it replaces.
 - A worker that runs its node's peer server (runtime.peers: a multi-node gang's inputs)
   serves the node's cache to that gang only, from before its inputs are pulled until
   `stop` or a failed `start`.
@@ -44,6 +49,10 @@ _PUMP_CHUNK = 64 * 1024
 # larger pushes); the first bytes after a quiet spell go at once (a dying node's last line).
 _COALESCE_S = 0.005
 _DRAIN_WAIT_S = 2.0  # how long a reader waits for the pump after the command exited
+
+
+class Fenced(RuntimeError):
+    """A start refused: this worker was stopped, or fenced, before its command ran."""
 
 
 def _die_with_parent() -> None:
@@ -92,6 +101,10 @@ class WorkerProcess:
         self._drained = threading.Event()  # the pump reached EOF
         self._drain_given_up = False
         self._peer_server = None  # runtime.peers.PeerServer of this node, while it runs
+        # Guards proc's creation against a fence: a start's spawn and a stop or fencing
+        # status exclude each other (the actor serves calls on several threads).
+        self._spawn_lock = threading.Lock()
+        self._fenced = False
 
     def node_address(self, host: str) -> tuple[str, int]:
         return host, free_port(host)
@@ -113,8 +126,11 @@ class WorkerProcess:
         `peers`: this node's place in its gang's swarm (runtime.peers SwarmPlan as a dict,
         with `serve`: this worker runs the node's peer server); the inputs then come from
         the other nodes' caches where they can."""
-        if self.proc is not None:
-            return self.proc.pid  # idempotent: never start twice
+        with self._spawn_lock:
+            if self.proc is not None:
+                return self.proc.pid  # idempotent: never start twice
+            if self._fenced:
+                raise Fenced("this worker was stopped before its command started")
         try:
             return self._start(command, env, workdir, inputs, storage, sandbox, peers)
         except BaseException:
@@ -147,7 +163,10 @@ class WorkerProcess:
         full_env = workload_env(job_env, cwd, uid)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         read_end, write_end = os.pipe()
+        self._spawn_lock.acquire()  # released once proc is set (or will never be)
         try:
+            if self._fenced:
+                raise Fenced("this worker was stopped before its command started")
             self.proc = subprocess.Popen(
                 wrap(prepared.prefix, command),
                 shell=isinstance(command, str) and not prepared.sandboxed,
@@ -169,6 +188,7 @@ class WorkerProcess:
             os.close(fd)
             raise
         finally:
+            self._spawn_lock.release()
             os.close(write_end)  # the command holds the only write end now
         self._pump = threading.Thread(
             target=self._pump_output,
@@ -262,8 +282,13 @@ class WorkerProcess:
         if not self._drained.wait(_DRAIN_WAIT_S):
             self._drain_given_up = True
 
-    def status(self, log_offset: int, max_bytes: int = 1 << 20) -> dict:
-        """Exit code (None while running) and the log bytes from `log_offset`."""
+    def status(self, log_offset: int, max_bytes: int = 1 << 20, fence: bool = False) -> dict:
+        """Exit code (None while running) and the log bytes from `log_offset`. `fence`:
+        when the command has not started, it never will (see the module's invariants),
+        so "not started" stays true once said."""
+        with self._spawn_lock:
+            if fence and self.proc is None:
+                self._fenced = True
         code = None if self.proc is None else self.proc.poll()
         if code is not None:
             self._wait_drained()
@@ -280,6 +305,8 @@ class WorkerProcess:
         }
 
     def stop(self, grace: float = 5.0) -> int | None:
+        with self._spawn_lock:
+            self._fenced = True  # a start still on its way never runs
         self.close_peers()
         if self.proc is None:
             return None
