@@ -43,10 +43,10 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from heapq import heappop, heappush
+from heapq import heappop, heapreplace
 from typing import NamedTuple
 
-from aicluster.core.model import Decision, GangRequest, Preempt, Snapshot, WaitKind
+from aicluster.core.model import Decision, GangRequest, Preempt, Snapshot, Wait, WaitKind
 from aicluster.core.policies.base import Cycle, Refusal
 from aicluster.core.policies.fifo import hold_for_starving
 from aicluster.core.policies.preemption import Reclaimer
@@ -74,11 +74,12 @@ class FairPolicy:
     def plan(self, snapshot: Snapshot, clock: float) -> list[Decision]:
         c = Cycle(snapshot, clock, self.memo)
         reclaimer = Reclaimer(c) if self.preemption else None
-        deferred: dict[str, list[GangRequest]] = {}
+        deferred: dict[str, list[tuple[tuple, GangRequest]]] = {}  # team -> (key, gang)s
         closed: dict[tuple, str] = {}  # (cohort, pool) -> starving gang it lends to only
         kept: dict[tuple, str] = {}  # (team, pool) -> starving gang its GPUs are kept for
         decided = self._reserved(c, reclaimer)
-        for g in sorted(snapshot.pending, key=lambda g: self.order_key(g, clock)):
+        # keys are unique (they end with the id): the gangs themselves are never compared
+        for key, g in sorted([(self.order_key(g, clock), g) for g in snapshot.pending]):
             if g.workload_id in decided:
                 continue
             ahead = (
@@ -103,7 +104,7 @@ class FairPolicy:
                         if c.book.has_quota(g.team, p):
                             kept[(g.team, p)] = g.workload_id
             else:
-                deferred.setdefault(g.team, []).append(g)
+                deferred.setdefault(g.team, []).append((key, g))
         self._borrowing(c, deferred, closed)
         return c.decisions()
 
@@ -181,20 +182,41 @@ class FairPolicy:
             decided.add(wid)
         return decided
 
-    def _borrowing(self, c: Cycle, deferred: dict[str, list[GangRequest]], closed) -> None:
-        """Teams in turn, smallest weighted borrowed share first; each turn one gang."""
-        clock = c.clock
-        heap = [(c.book.share(t), self.order_key(q[0], clock), t) for t, q in deferred.items()]
+    def _borrowing(self, c: Cycle, deferred: dict[str, list], closed) -> None:
+        """Teams in turn, smallest weighted borrowed share first; each turn one gang.
+
+        Most turns at scale refuse a gang for the reason the last gang of its team and
+        shape was refused, nothing having changed since (the free index, the quota book
+        and `closed` the same): such a gang gets that Wait straight away (`said`), which
+        is the decision `_borrow` would make again, word for word (a deferred gang never
+        starves this cycle, so its wait has no side effect)."""
+        heap = [(c.book.share(t), q[0][0], t) for t, q in deferred.items()]
         heap.sort()
         nxt = dict.fromkeys(deferred, 0)
+        said: dict[tuple, tuple] = {}  # (team, shape) -> (versions, len(closed), its Wait)
+        index, book, decided = c.index, c.book, c.decided
         while heap:
-            _, _, team = heappop(heap)
-            g = deferred[team][nxt[team]]
-            nxt[team] += 1
-            self._borrow(c, g, closed)
-            if nxt[team] < len(deferred[team]):
-                nq = deferred[team][nxt[team]]
-                heappush(heap, (c.book.share(team), self.order_key(nq, clock), team))
+            team = heap[0][2]
+            queue, i = deferred[team], nxt[team]
+            g = queue[i][1]
+            nxt[team] = i + 1
+            hit = said.get((team, g.shape))
+            if (
+                hit is not None
+                and hit[0] == index.version
+                and hit[1] == book.version
+                and hit[2] == len(closed)
+            ):
+                decided.append(Wait(g.workload_id, hit[3].reason, hit[3].kind))
+            else:
+                self._borrow(c, g, closed)
+                last = decided[-1] if decided else None
+                if isinstance(last, Wait) and last.workload_id == g.workload_id:
+                    said[(team, g.shape)] = (index.version, book.version, len(closed), last)
+            if i + 1 < len(queue):
+                heapreplace(heap, (book.share(team), queue[i + 1][0], team))
+            else:
+                heappop(heap)
 
     def _borrow(self, c: Cycle, g: GangRequest, closed: dict) -> Refusal | None:
         """Admit `g` borrowing above its team's guarantee, or record why it waits (the
