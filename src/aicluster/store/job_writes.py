@@ -31,6 +31,10 @@ def _update(columns: tuple[str, ...]):
     )
 
 
+class _NotAllMoved(Exception):
+    """A batch's grouped UPDATEs moved fewer jobs than it holds (rolls its transaction back)."""
+
+
 class JobWrites:
     """Batched job writes; needs store.jobs.JobStore's `_event` (both mixed into Store)."""
 
@@ -46,22 +50,45 @@ class JobWrites:
         out: list[JobRecord | None] = []
         for i in range(0, len(moves), per_commit):
             batch = moves[i : i + per_commit]
-            now = self.clock()
-            with self._session.begin() as s:
-                conn = s.connection()  # Core statements: no ORM objects to synchronise
-                moved = []
-                for m in batch:
-                    values = move_values(m, now)
-                    stmt = _update(tuple(sorted(values)))
-                    params = {"_id": m.job_id, "_src": m.src.value, **values}
-                    moved.append(conn.execute(stmt, params).rowcount == 1)
-                ids = [m.job_id for m, ok in zip(batch, moved) if ok]
-                rows = {r.id: r for r in s.execute(job_query(JobRow.id.in_(ids)))} if ids else {}
-                events = [self._moved(m, rows[m.job_id]) for m, ok in zip(batch, moved) if ok]
-                if events:  # one executemany, in order: ids ascend as the moves do
-                    conn.execute(insert(EventRow.__table__), events)
-                out += [JobRecord.of(rows[m.job_id]) if ok else None for m, ok in zip(batch, moved)]
+            try:
+                out += self._transitions(batch, together=True)
+            except _NotAllMoved:  # rolled back: one by one, to learn which ones move
+                out += self._transitions(batch, together=False)
         return out
+
+    def _transitions(self, batch: list[Move], together: bool) -> list[JobRecord | None]:
+        """One transaction. `together`: the UPDATEs that set the same columns go as one
+        executemany, and _NotAllMoved (the transaction rolled back) unless every job was
+        in its `src`, which is the common case: a loop's batch races only the odd cancel.
+        Else, and when a job moves twice in the batch, one UPDATE per move, in order."""
+        now = self.clock()
+        with self._session.begin() as s:
+            conn = s.connection()  # Core statements: no ORM objects to synchronise
+            prepared = []  # (the columns it sets, its parameters) per move
+            for m in batch:
+                values = move_values(m, now)
+                params = {"_id": m.job_id, "_src": m.src.value, **values}
+                prepared.append((tuple(sorted(values)), params))
+            if (
+                together
+                and conn.dialect.supports_sane_multi_rowcount
+                and len({m.job_id for m in batch}) == len(batch)
+            ):
+                groups: dict[tuple, list[dict]] = {}
+                for columns, params in prepared:
+                    groups.setdefault(columns, []).append(params)
+                for columns, group in groups.items():
+                    if conn.execute(_update(columns), group).rowcount != len(group):
+                        raise _NotAllMoved()
+                moved = [True] * len(batch)
+            else:
+                moved = [conn.execute(_update(c), p).rowcount == 1 for c, p in prepared]
+            ids = [m.job_id for m, ok in zip(batch, moved) if ok]
+            rows = {r.id: r for r in s.execute(job_query(JobRow.id.in_(ids)))} if ids else {}
+            events = [self._moved(m, rows[m.job_id]) for m, ok in zip(batch, moved) if ok]
+            if events:  # one executemany, in order: ids ascend as the moves do
+                conn.execute(insert(EventRow.__table__), events)
+            return [JobRecord.of(rows[m.job_id]) if ok else None for m, ok in zip(batch, moved)]
 
     def _moved(self, m: Move, row) -> dict:
         """The Event of a transition just made (its columns, for the batch's insert)."""
