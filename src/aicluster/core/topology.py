@@ -252,6 +252,23 @@ class FreeIndex:
         p = self.pools.get(pool)
         return p.free_gpus if p else 0
 
+    def slots_if_freed(self, pool: str, gpus_each: float, freed: dict[str, float]) -> float:
+        """At least as many workers of `gpus_each` (> 0) GPUs as the pool's nodes could
+        hold, by their GPUs alone, once `freed` (node id -> GPUs) is released: no
+        placement has more (CPU, memory, models, holds and locality only take away).
+        A preemptor asks it before freeing victims one by one for a gang that cannot fit."""
+        p = self.pools.get(pool)
+        if p is None:
+            return 0
+        slots = sum(((g + 1e-6) // gpus_each) * len(r) for g, r in p.buckets.items())
+        for node_id, gpus in freed.items():
+            node = self.node.get(node_id)
+            if node is None or node.pool != pool or node_id in self.held:
+                continue  # `release` gives such a node nothing
+            now = max(0, self.free[node_id].gpus)
+            slots += (now + gpus + 1e-6) // gpus_each - (now + 1e-6) // gpus_each
+        return slots
+
     # -- placement --------------------------------------------------------------
 
     def place(
