@@ -96,7 +96,7 @@ class Admission:
         snapshot = build_snapshot(
             self.nodes, pending_views, active_views, blocked, quotas, self.limits(), used
         )
-        by_id = {j.id: j for j in pending}
+        by_id = self.pending.by_id()  # the same jobs as `pending`, by id
         queue, waits, admits = [], [], TransitionBatch()
         for decision in plan_cycle(snapshot, self.clock(), self.policy):
             job = by_id.get(decision.workload_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Protocol
 
 from aicluster.core.lifecycle import JobStatus
@@ -172,6 +173,9 @@ def build_snapshot(
     )
 
 
+_SEQ = attrgetter("seq")
+
+
 class PendingJobs:
     """The PENDING jobs, kept across ticks and brought up to date from the event log:
     each refresh reads only the jobs that changed since the last one (every write to a job
@@ -221,7 +225,11 @@ class PendingJobs:
             for j in self.store.get_jobs(changed):
                 if j.status == pending:
                     self._jobs[j.id] = j
-        return sorted(self._jobs.values(), key=lambda j: -j.seq)
+        return sorted(self._jobs.values(), key=_SEQ, reverse=True)
+
+    def by_id(self) -> dict[str, JobRecord]:
+        """What the last `refresh` answered, by job id (do not change it)."""
+        return self._jobs
 
     def _differing(self) -> set[str]:
         """The ids of the jobs that the kept ones and the store's PENDING ones disagree
