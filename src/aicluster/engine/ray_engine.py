@@ -346,9 +346,10 @@ class RayEngine:
     def status(
         self, job_id: str, attempt: int, offsets: list[int], fence: bool = False
     ) -> list[WorkerState]:
-        """`fence`: a rank not started now never starts (runtime.worker). A live rank's log comes from its worker's file; a lost or unresponsive rank's
+        """A live rank's log comes from its worker's file; a lost or unresponsive rank's
         from the log sink (engine.logsink), which holds the tail its worker streamed
-        off the node as it was written (see `_sink_tail` for what it may lack)."""
+        off the node as it was written (see `_sink_tail` for what it may lack).
+        `fence`: a rank not started now never starts (runtime.worker)."""
         refs = {}
         states: dict[int, WorkerState] = {}
         from_sink: dict[int, int] = {}  # rank -> offset, for ranks whose file is out of reach

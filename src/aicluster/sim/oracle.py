@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from aicluster.core.model import Decision, Snapshot, WaitKind
-from aicluster.core.policies.base import Cycle
+from aicluster.core.policies.base import Cycle, kept_by_object
 from aicluster.core.policies.las import RankedPreemptor, once, shared_rule, try_admit
 from aicluster.core.policies.preemption import preemption_shape
 
@@ -106,21 +106,19 @@ class SrtfOracle:
         ascending (the longest left first within a class).
 
         A running gang's time left falls one second per second: the oracle is asked once
-        per attempt, at its start (kept in the memo while the same object comes again),
+        per attempt, at its start (`kept_by_object`: the same object comes again),
         and `left` now is max(0, at start - (clock - started)): the oracle's own sum, in
         the same order, so the same float."""
-        kept = self.memo.setdefault("srtf_running", {})
-        if len(kept) > 4 * len(running) + 1024:
-            kept.clear()
         left, out = self.remaining, []
-        for r in running:
-            hit = kept.get(id(r))
-            if hit is None or hit[0] is not r:
-                g = r.gang
-                at_start = left(r.workload_id, r.started_at)
-                key = (g.preemptible, g.priority, -g.submitted_at, r.workload_id)
-                hit = kept[id(r)] = (r, at_start, key)
-            _, at_start, (ok, prio, neg_sub, wid) = hit
+
+        def known(r):
+            g = r.gang
+            key = (g.preemptible, g.priority, -g.submitted_at, r.workload_id)
+            return left(r.workload_id, r.started_at), key
+
+        for r, (at_start, (ok, prio, neg_sub, wid)) in kept_by_object(
+            self.memo, "srtf_running", running, known
+        ):
             if not ok or r.started_at >= clock:  # see `RankedPreemptor`
                 continue
             out.append(((prio, -max(0.0, at_start - (clock - r.started_at)), neg_sub), wid, r))

@@ -69,16 +69,20 @@ class JobRecord:
         cause, kind = values["requeue_cause"], values["wait_kind"]
         values["requeue_cause"] = _CAUSES[cause] if cause else None
         values["wait_kind"] = _KINDS[kind] if kind else None
-        rec = object.__new__(cls)
-        rec.__dict__.update(values)
-        return rec
+        return _made(values)
 
     def with_wait(self, message: str, kind: WaitKind, updated_at: float) -> JobRecord:
         """The record with this wait written (dataclasses.replace, as `of` makes one)."""
-        rec = object.__new__(JobRecord)
-        rec.__dict__.update(self.__dict__)
-        rec.__dict__.update(message=message, wait_kind=kind, updated_at=updated_at)
-        return rec
+        return _made(
+            {**self.__dict__, "message": message, "wait_kind": kind, "updated_at": updated_at}
+        )
+
+
+def _made(values: dict) -> JobRecord:
+    """A JobRecord of every field's value, without the frozen dataclass's __init__."""
+    rec = object.__new__(JobRecord)
+    rec.__dict__.update(values)
+    return rec
 
 
 _FIELDS = tuple(c for c in JobRecord.__dataclass_fields__ if c != "spec")

@@ -69,6 +69,25 @@ class Policy(Protocol):
 arrival_key = attrgetter("arrival")
 
 
+def kept_by_object(memo: dict, name: str, items, make: Callable) -> list[tuple]:
+    """(item, make(item)) for each of `items`, `make` called once per object across
+    cycles: kept in memo[name] by id with the object itself (so that id is never
+    another's while kept), and dropped whole once it holds far more than `items`. For
+    what a policy derives from a gang or running workload that the snapshot hands again
+    (the control plane's views and the simulator keep them) and that depends on nothing
+    else: a cache, it never changes a decision."""
+    kept = memo.setdefault(name, {})
+    if len(kept) > 4 * len(items) + 1024:
+        kept.clear()
+    out = []
+    for x in items:
+        hit = kept.get(id(x))
+        if hit is None or hit[0] is not x:
+            hit = kept[id(x)] = (x, make(x))
+        out.append(hit)
+    return out
+
+
 class _Kept:
     """What a policy keeps across cycles (in its memo): the free-capacity index and the
     quota book as of the last snapshot, with the layout they were built on. A cycle

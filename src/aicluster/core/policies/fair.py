@@ -47,7 +47,7 @@ from heapq import heappop, heapreplace
 from typing import NamedTuple
 
 from aicluster.core.model import Decision, GangRequest, Preempt, Snapshot, Wait, WaitKind
-from aicluster.core.policies.base import Cycle, Refusal
+from aicluster.core.policies.base import Cycle, Refusal, kept_by_object
 from aicluster.core.policies.fifo import hold_for_starving
 from aicluster.core.policies.preemption import Reclaimer
 
@@ -78,8 +78,6 @@ class FairPolicy:
         closed: dict[tuple, str] = {}  # (cohort, pool) -> starving gang it lends to only
         kept: dict[tuple, str] = {}  # (team, pool) -> starving gang its GPUs are kept for
         decided = self._reserved(c, reclaimer)
-        wg = c.scratch.setdefault("within_guarantee", {})  # _within_guarantee's memo
-        book = c.book
         for key, g in self._in_order(snapshot.pending, clock):
             if decided and g.workload_id in decided:
                 continue
@@ -95,10 +93,7 @@ class FairPolicy:
                     WaitKind.QUEUED_BEHIND,
                 )
                 continue
-            hit = wg.get((g.team, g.shape))
-            pools = (
-                hit[1] if hit is not None and hit[0] == book.version else _within_guarantee(c, g)
-            )
+            pools = _within_guarantee(c, g)
             if pools:
                 self._guaranteed(c, g, pools, reclaimer)
             elif clock - g.submitted_at >= self.starve_after_s:
@@ -116,27 +111,22 @@ class FairPolicy:
         """(key, gang) in `order_key` order, where key is the order key without its
         starving flag (what the borrowing pass compares: none of its gangs starves).
 
-        The key of a gang is kept across cycles (in the memo, with the gang, so its id is
-        never another's meanwhile): only the starving flag depends on the clock, and
-        sorting by the kept keys then putting the starving gangs first (in the same order)
-        is sorting by `order_key`, whose keys are unique (they end with the id)."""
-        kept = self.memo.setdefault("order_keys", {})
-        if len(kept) > 2 * len(pending) + 1024:
-            kept.clear()
-        keyed = []
-        levels = self.las_thresholds
-        for g in pending:
-            hit = kept.get(id(g))
-            if hit is None or hit[1] is not g:
-                level = bisect_right(levels, g.attained_service)
-                hit = kept[id(g)] = ((-g.priority, level, g.submitted_at, g.workload_id), g)
-            keyed.append(hit)
+        The key of a gang is kept across cycles (`kept_by_object`): only the starving
+        flag depends on the clock, and sorting by the kept keys then putting the starving
+        gangs first (in the same order) is sorting by `order_key`, whose keys are unique
+        (they end with the id)."""
+        keyed = [made for _, made in kept_by_object(self.memo, "order_keys", pending, self._keyed)]
         keyed.sort()
         starve = self.starve_after_s
         starving = [e for e in keyed if clock - e[1].submitted_at >= starve]
         if not starving:
             return keyed
         return starving + [e for e in keyed if clock - e[1].submitted_at < starve]
+
+    def _keyed(self, g: GangRequest) -> tuple[tuple, GangRequest]:
+        """(order key without the starving flag, the gang)."""
+        level = bisect_right(self.las_thresholds, g.attained_service)
+        return (-g.priority, level, g.submitted_at, g.workload_id), g
 
     def _guaranteed(self, c: Cycle, g: GangRequest, pools: list[str], reclaimer) -> None:
         rule = lambda g, pool: c.book.admissible(g.team, pool, g.total, borrow=False)

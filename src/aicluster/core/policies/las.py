@@ -51,7 +51,7 @@ from aicluster.core.model import (
     Snapshot,
     WaitKind,
 )
-from aicluster.core.policies.base import Cycle, QuotaRule, Refusal
+from aicluster.core.policies.base import Cycle, QuotaRule, Refusal, kept_by_object
 from aicluster.core.policies.preemption import preemption_shape
 
 VictimWhy = Callable[[RunningWorkload], str]
@@ -240,18 +240,12 @@ class LasPolicy:
         never compared), and their (priority class, -queue) prefixes in the same order.
 
         The same order as sorting by `running_queue` and `RunningWorkload.work_lost`, with
-        what does not depend on the clock computed once per running gang (kept in the
-        memo while the same object comes again: the simulator reuses them)."""
-        kept = self.memo.setdefault("las_running", {})
-        if len(kept) > 4 * len(running) + 1024:
-            kept.clear()
+        what does not depend on the clock computed once per running gang
+        (`kept_by_object`: the simulator hands the same objects again)."""
         thresholds = self.thresholds
         out = []
-        for r in running:
-            hit = kept.get(id(r))
-            if hit is None or hit[0] is not r:
-                hit = kept[id(r)] = (r, *self._constants(r))
-            _, ok, prio, promoted, attained, gpus, started, lost_gpus, ckpt, every, neg, wid = hit
+        for r, known in kept_by_object(self.memo, "las_running", running, self._constants):
+            ok, prio, promoted, attained, gpus, started, lost_gpus, ckpt, every, neg, wid = known
             if not ok or started >= clock:  # see `RankedPreemptor`
                 continue
             queue = (
