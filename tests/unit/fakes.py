@@ -104,8 +104,8 @@ class FakeGang:
 
 class FakeEngine:
     """The Engine protocol in memory. Launches succeed at once unless `fail_launch`
-    names the job (or `launch_gate` is cleared: then they wait for it); workers run
-    until `exit`, `lose` or `kill_node` says otherwise."""
+    names the job (or `launch_gate` is cleared: then they wait for it) or a fencing
+    status came first; workers run until `exit`, `lose` or `kill_node` says otherwise."""
 
     def __init__(self, nodes: list[NodeInfo] | None = None):
         self._lock = threading.Lock()
@@ -197,6 +197,8 @@ class FakeEngine:
             self.launched.append(req)
             if req.job_id in self.fail_launch:
                 raise LaunchError(self.fail_launch[req.job_id])
+            if (req.job_id, req.attempt) in self.fenced:  # as runtime.worker's Fenced
+                raise LaunchError(f"attempt {req.attempt} of {req.job_id} was fenced")
             dead = [n for n in req.placement if not self._nodes.get(n) or not self._nodes[n].alive]
             if dead:
                 raise LaunchError(f"node {dead[0]} is not alive")

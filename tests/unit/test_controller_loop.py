@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import threading
 from types import SimpleNamespace
 
 import httpx
@@ -19,7 +20,7 @@ from aicluster.control.logs import LogStore
 from aicluster.control.metrics import Metrics
 from aicluster.core.lifecycle import JobStatus, Reason, RequeueCause
 from aicluster.core.model import Quota, WaitKind
-from aicluster.engine.protocol import Engine
+from aicluster.engine.protocol import Engine, LaunchError
 from aicluster.runtime import envs
 from aicluster.specs.job import JobSpec
 from aicluster.store.identity import Principal
@@ -377,6 +378,62 @@ def test_a_launch_its_predecessor_left_unstarted_is_redone_control_plane_restart
     assert requeue[-1].message == "control plane restarted during launch"
     job = world.run(job_id)
     assert job.attempt == 2 and "after control_plane_restarted (detection " in job.message
+
+
+def test_a_paused_leaders_launch_that_comes_after_the_takeovers_look_never_runs(world):
+    """The leader paused (SIGSTOP) before its launch had made any worker: the new term's
+    look finds nothing, fences the attempt and redoes it; the old launch, let go after
+    that, is refused, so the command runs in attempt 2 only."""
+    job_id = world.submit()
+    woken, launch = threading.Event(), world.engine.launch
+
+    def paused_launch(req):  # attempt 1's launch is on its way, nothing made yet
+        if req.attempt == 1:
+            assert woken.wait(timeout=10), "the test never woke the paused leader"
+        return launch(req)
+
+    world.engine.launch = paused_launch
+    paused = world.ctrl
+    paused.tick()
+    assert world.job(job_id).status == A and not world.engine.gangs
+    world.ctrl = world.controller()  # the next term, while the old one is paused
+    job = world.run(job_id)  # its look found nothing: fenced, stopped, redone
+    assert world.engine.fenced == [(job_id, 1)] and (job_id, 1) in world.engine.stopped
+    assert job.attempt == 2 and job.requeue_cause is RequeueCause.CONTROL_PLANE_RESTARTED
+    woken.set()  # the paused leader wakes and its launch goes on
+    with pytest.raises(LaunchError, match="fenced"):
+        paused.launching[job_id].result(timeout=10)
+    assert set(world.engine.gangs) == {(job_id, 2)}
+    assert sorted(r.attempt for r in world.engine.launched) == [1, 2]
+    paused.close()
+
+
+def test_a_takeover_that_cannot_look_redoes_nothing_until_it_can(world):
+    """A look that fails fenced nothing for sure: the attempt stays ADMITTED and is looked
+    at again on a later pass, never redone blind."""
+    job_id = world.submit()
+    world.engine.hold(job_id)
+    world.tick()
+    world.ctrl.close()
+    world.ctrl = world.controller()
+    world.ctrl.adopt_retry_s = (0.0,)  # one try a pass
+    looks = []
+    status = world.engine.status
+
+    def unreachable(*args, **kw):
+        looks.append(kw.get("fence"))
+        raise ConnectionError("the cluster's store is unreachable")
+
+    world.engine.status = unreachable
+    for _ in range(4):  # a pass finds the look failed, a later one looks again
+        world.tick()
+    assert world.job(job_id).status == A and world.engine.stopped == []
+    assert len(looks) >= 2 and set(looks) == {True}
+    world.engine.status = status
+    world.engine.release(job_id)
+    world.tick()
+    world.tick()
+    assert world.job(job_id).requeue_cause is RequeueCause.CONTROL_PLANE_RESTARTED
 
 
 def test_a_new_term_admits_while_an_orphaned_launch_does_not_answer(world):

@@ -82,3 +82,20 @@ def test_an_idle_pooled_actor_asked_with_a_fence_or_stopped_is_never_bound():
         answer = ask(actor)
         assert answer is None or answer["started"] is False
         assert actor.bind("job", 1, 0) is None  # a bind still on its way is refused
+
+
+class _FencedInTheCluster(WorkerProcess):
+    """A worker whose attempt a takeover fenced before this worker existed."""
+
+    def _fenced_elsewhere(self) -> bool:
+        return True
+
+
+def test_a_worker_made_after_its_attempt_was_fenced_refuses_to_start(tmp_path):
+    w = _FencedInTheCluster("job", 1, 0, scratch_root=str(tmp_path / "scratch"))
+    marker = tmp_path / "ran"
+    with pytest.raises(Fenced, match="attempt 1 of job was fenced by a takeover"):
+        w.start(f"touch {marker}", {}, None)
+    assert w.proc is None and w.status(0)["started"] is False and not marker.exists()
+    with pytest.raises(Fenced):  # and stays refused
+        w.start(f"touch {marker}", {}, None)

@@ -60,6 +60,9 @@ ALLOCATIONS_MAX_AGE_S = 5.0
 # A worker can vanish seconds before Ray declares its node dead; wait this long
 # before calling it a lost worker rather than a lost node.
 NODE_DEATH_GRACE_S = 30.0
+# A takeover's look at an orphaned launch that fails is tried again after these waits
+# (on the launch pool), then on a later pass: never redone without its fence.
+ADOPT_RETRY_S = (0.5, 1.0, 2.0)
 
 
 class Controller(Admission):
@@ -116,6 +119,7 @@ class Controller(Admission):
         self.sources: list[WorkloadSource] = []
         self.last_gc = 0.0
         self.pending = PendingJobs(store)  # kept across ticks: read what changed only
+        self.adopt_retry_s = ADOPT_RETRY_S
         # the active jobs' starts and successes of this tick, written after them all
         self.moves = TransitionBatch()
 
@@ -241,6 +245,8 @@ class Controller(Admission):
         self.inputs_progress.forget(job.id)
         exc = fut.exception()
         redo = fut.result() if exc is None else None
+        if redo is _LOOK_AGAIN:
+            return  # the next pass looks again
         if isinstance(redo, _Redo):
             self._requeue(job, RequeueCause.CONTROL_PLANE_RESTARTED, redo.why)
         elif exc is None:
@@ -248,23 +254,29 @@ class Controller(Admission):
         else:
             self._end_attempt(job, Reason.LAUNCH_FAILED, str(exc))
 
-    def _adopt(self, job: JobRecord) -> _Redo | None:
+    def _adopt(self, job: JobRecord) -> _Redo | object | None:
         """On the pool, as a launch is (a half-created gang may take the engine's call
         timeout to answer, and the loop must not wait): None when every worker of the
         orphaned attempt runs, else the gang is stopped and the attempt is to be redone.
         The status fences: a rank found not started can no longer be started by the dead
-        control plane's launch, which may still be on its way, so a redo never runs a
-        command a second time alongside that late start."""
-        why = "control plane restarted during launch"
+        control plane's launch, which may still be on its way (even one whose worker it
+        has yet to make), so a redo never runs a command a second time alongside that
+        late start. A look that fails fenced nothing for sure: nothing is redone on it;
+        after a few tries here, `_LOOK_AGAIN` leaves the job to the next pass."""
         workers = len(job.placement or [])
-        try:
-            states = self.engine.status(job.id, job.attempt, [0] * workers, fence=True)
-            if states and all(s.started and not s.lost for s in states):
-                return None
-        except Exception as exc:  # noqa: BLE001 - unknown state: redo it
-            why = f"{why} ({type(exc).__name__}: {exc})"
+        for wait in self.adopt_retry_s:
+            try:
+                states = self.engine.status(job.id, job.attempt, [0] * workers, fence=True)
+                break
+            except Exception as exc:  # noqa: BLE001 - unknown state: look again
+                log.warning("looking at %s/%d to adopt it: %s", job.id, job.attempt, exc)
+                time.sleep(wait)
+        else:
+            return _LOOK_AGAIN
+        if states and all(s.started and not s.lost for s in states):
+            return None
         self.engine.stop(job.id, job.attempt, workers)
-        return _Redo(why)
+        return _Redo("control plane restarted during launch")
 
     def _running(self, job: JobRecord) -> None:
         """ADMITTED -> RUNNING; after a requeue, say (and measure) how long recovery took,
@@ -507,6 +519,9 @@ class _Redo:
     """An orphaned attempt that `_adopt` stopped: it is requeued, saying why."""
 
     why: str
+
+
+_LOOK_AGAIN = object()  # `_adopt` could not look: the next pass tries again
 
 
 def _spec_workers(job: JobRecord | None) -> int:

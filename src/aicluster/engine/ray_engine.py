@@ -39,7 +39,7 @@ from aicluster.engine.protocol import (
     NodeInfo,
     WorkerState,
 )
-from aicluster.engine.worker_actor import RemoteWorker
+from aicluster.engine.worker_actor import FENCE_NAMESPACE, RemoteWorker, fence_key
 from aicluster.runtime.launchers import Gang, rank_command
 from aicluster.runtime.torchenv import worker_env
 
@@ -52,6 +52,10 @@ SINK_READ_TIMEOUT_S = 2.0
 # A stopped gang's tail stays in the sink this long: the pull that follows a stop
 # reads what the workers printed while stopping.
 SINK_FORGET_AFTER_S = 60.0
+# An attempt's fence is kept this long: longer than any launch of a control plane that
+# lost its lease can still be on its way (its calls time out well within it).
+FENCE_KEEP_S = 24 * 3600.0
+FENCE_SWEEP_EVERY_S = 3600.0
 
 
 def gang_name(job_id: str, attempt: int) -> str:
@@ -93,6 +97,7 @@ class RayEngine:
         self.prestarter = self._start_prestarter(warm_workers)
         self.pool = ActorPool(self._pool_create, self._pool_kill, pooled_actors)
         self.aliases: dict[tuple[str, int, int], str] = {}  # rank -> its pooled actor's name
+        self._fences_swept = 0.0  # when `_fence` last dropped old fences
 
     @staticmethod
     def _start_prestarter(per_node: int) -> Prestarter | None:
@@ -349,7 +354,11 @@ class RayEngine:
         """A live rank's log comes from its worker's file; a lost or unresponsive rank's
         from the log sink (engine.logsink), which holds the tail its worker streamed
         off the node as it was written (see `_sink_tail` for what it may lack).
-        `fence`: a rank not started now never starts (runtime.worker)."""
+        `fence`: a rank not started now never starts (runtime.worker): the attempt's
+        fence is written to the cluster's store first, so that a rank whose actor the
+        dead control plane's launch makes only after this look refuses to start too."""
+        if fence:
+            self._fence(job_id, attempt)
         refs = {}
         states: dict[int, WorkerState] = {}
         from_sink: dict[int, int] = {}  # rank -> offset, for ranks whose file is out of reach
@@ -375,6 +384,25 @@ class RayEngine:
         for rank, data in self._sink_tail(job_id, attempt, from_sink).items():
             states[rank] = dataclasses.replace(states[rank], log=data)
         return [states[r] for r in range(len(offsets))]
+
+    def _fence(self, job_id: str, attempt: int) -> None:
+        """Write the attempt's fence (engine.worker_actor FENCE_NAMESPACE); drop the ones
+        older than FENCE_KEEP_S now and then. Raises when it cannot be written: the
+        takeover then redoes nothing on a look it could not make safe."""
+        now = time.time()
+        internal_kv._internal_kv_put(
+            fence_key(job_id, attempt), str(now), namespace=FENCE_NAMESPACE
+        )
+        if now - self._fences_swept < FENCE_SWEEP_EVERY_S:
+            return
+        self._fences_swept = now
+        try:
+            for key in internal_kv._internal_kv_list("aic-", namespace=FENCE_NAMESPACE):
+                written = internal_kv._internal_kv_get(key, namespace=FENCE_NAMESPACE)
+                if written is not None and now - float(written) > FENCE_KEEP_S:
+                    internal_kv._internal_kv_del(key, namespace=FENCE_NAMESPACE)
+        except Exception:  # best effort: the next sweep tries again
+            log.warning("sweeping old launch fences", exc_info=True)
 
     def _sink_tail(self, job_id: str, attempt: int, offsets: dict[int, int]) -> dict[int, bytes]:
         """What the sink holds of these ranks from their offsets, bytes that are the

@@ -15,8 +15,19 @@ from __future__ import annotations
 import threading
 
 import ray
+from ray.experimental import internal_kv
 
 from aicluster.runtime.worker import WorkerProcess
+
+# A takeover's fence of a launch (engine.ray_engine `status(fence=True)`): one key per
+# attempt in the GCS's key-value store, written before the takeover looks at the ranks,
+# so that a rank made only after the look (by the dead control plane's late launch)
+# still refuses to start.
+FENCE_NAMESPACE = "aicluster-fences"
+
+
+def fence_key(job_id: str, attempt: int) -> str:
+    return f"aic-{job_id}-a{attempt}"
 
 
 class Streamer:
@@ -87,6 +98,18 @@ class WorkerActor(WorkerProcess):
                 self._expired = self._expired or fence
                 return {"started": False, "pid": None, "exit_code": None, "log": b""}
         return super().status(log_offset, max_bytes, fence)
+
+    def _fenced_elsewhere(self) -> bool:
+        """The attempt's fence in the cluster (see FENCE_NAMESPACE); a store that cannot
+        be read counts as fenced: a start refused is redone, a start twice is not undone."""
+        try:
+            return bool(
+                internal_kv._internal_kv_exists(
+                    fence_key(self.job_id, self.attempt), namespace=FENCE_NAMESPACE
+                )
+            )
+        except Exception:  # noqa: BLE001 - unknown: refuse
+            return True
 
     def stop(self, grace: float = 5.0) -> int | None:
         with self._lock:

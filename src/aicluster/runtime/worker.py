@@ -17,7 +17,10 @@ Invariants:
   control plane that takes over a launch asks each rank once, and a rank that had
   not started then never starts, even when the dead control plane's start call is
   still on its way or half done (it is refused right before the command would run).
-  A redone attempt therefore never runs alongside the one it replaces.
+  A redone attempt therefore never runs alongside the one it replaces. The look may
+  also come before this worker exists at all (the dead control plane had not made it
+  yet): `_fenced_elsewhere` is then what refuses the late start (engine.worker_actor
+  reads the attempt's fence from the cluster's store, written before the look).
 - A worker that runs its node's peer server (runtime.peers: a multi-node gang's inputs)
   serves the node's cache to that gang only, from before its inputs are pulled until
   `stop` or a failed `start`.
@@ -106,6 +109,19 @@ class WorkerProcess:
         self._spawn_lock = threading.Lock()
         self._fenced = False
 
+    def _refuse_if_fenced(self) -> None:
+        """Under `_spawn_lock`: Fenced when a stop or a fencing look came first."""
+        if self._fenced:
+            raise Fenced("this worker was stopped before its command started")
+        if self._fenced_elsewhere():
+            self._fenced = True
+            raise Fenced(f"attempt {self.attempt} of {self.job_id} was fenced by a takeover")
+
+    def _fenced_elsewhere(self) -> bool:
+        """Whether the attempt was fenced before this worker could be asked: none here
+        (a subclass that lives in a cluster looks it up there)."""
+        return False
+
     def node_address(self, host: str) -> tuple[str, int]:
         return host, free_port(host)
 
@@ -129,8 +145,7 @@ class WorkerProcess:
         with self._spawn_lock:
             if self.proc is not None:
                 return self.proc.pid  # idempotent: never start twice
-            if self._fenced:
-                raise Fenced("this worker was stopped before its command started")
+            self._refuse_if_fenced()
         try:
             return self._start(command, env, workdir, inputs, storage, sandbox, peers)
         except BaseException:
@@ -165,8 +180,7 @@ class WorkerProcess:
         read_end, write_end = os.pipe()
         self._spawn_lock.acquire()  # released once proc is set (or will never be)
         try:
-            if self._fenced:
-                raise Fenced("this worker was stopped before its command started")
+            self._refuse_if_fenced()
             self.proc = subprocess.Popen(
                 wrap(prepared.prefix, command),
                 shell=isinstance(command, str) and not prepared.sandboxed,
