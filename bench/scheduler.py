@@ -25,7 +25,7 @@ Prints:
      seeded by `--estimate-seed` (sim.estimates);
    - `las`: Tiresias' discretised 2D-LAS (Gu et al., NSDI 2019), preemptive, one shared
      queue without quotas, PromoteKnob-style starvation guard (core.policies.las); it and
-     `srtf-oracle` see every pending gang (no `queue_depth` window, as in the live plane);
+     `srtf-oracle` see every pending gang (no `queue_depth` window: bench-only baselines);
    - `srtf-oracle`: preemptive shortest remaining time first told every job's true
      remaining time by the simulator, one shared queue without quotas: a bound no real
      scheduler reaches (sim.oracle);
@@ -163,7 +163,7 @@ def baseline_runs(cluster: SimCluster, cfg: SimConfig, est: SimConfig, work_cons
     `las` and `srtf-oracle` are one shared queue: the same nodes without quotas."""
     shared = SimCluster(cluster.nodes, ())
     # `las` and `srtf-oracle` rank by something other than arrival, so they see the whole
-    # queue (as the live control plane does): behind the simulator's arrival-ordered window
+    # queue (they are not offered live): behind the simulator's arrival-ordered window
     # the gang they preempted for drops out of view once its victims queue again ahead of it
     whole = replace(cfg, queue_depth=1 << 30)
     runs = [

@@ -16,6 +16,7 @@ from concurrent.futures import wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from aicluster.control.pending_jobs import queue_key
 from aicluster.core.health import FAIL, OK, CheckResult, HealthReport
 from aicluster.engine.protocol import LaunchError, LaunchRequest, NodeInfo, WorkerState
 from aicluster.store import Store, open_store
@@ -294,3 +295,23 @@ def settle(*loops) -> None:
         futures = [*loop.launching.values(), *getattr(loop, "collecting", {}).values()]
         done, pending = wait(futures, timeout=10)
         assert not pending, f"{len(pending)} launch(es) still running"
+
+
+def refreshed(pending) -> list:
+    """`pending.refresh()`, then every job it keeps (newest first, as Store.list_jobs),
+    having checked its invariant: each team's queue is exactly that team's kept jobs, in
+    queue order, and the window is each queue's first `depth` (control.pending_jobs)."""
+    pending.refresh()
+    jobs = pending.jobs()
+    by_team: dict[str, list] = {}
+    for j in sorted(jobs, key=queue_key):
+        by_team.setdefault(j.team, []).append(j.id)
+    window, truncated = pending.window()
+    for team, ids in by_team.items():
+        assert [j.id for j in window if j.team == team] == ids[: pending.depth]
+    assert len(window) == sum(min(len(ids), pending.depth) for ids in by_team.values())
+    assert truncated == any(len(ids) > pending.depth for ids in by_team.values())
+    assert {t: [k[-1] for k in keys] for t, keys in pending.tails()} == {
+        t: ids[pending.depth :] for t, ids in by_team.items() if len(ids) > pending.depth
+    }
+    return jobs

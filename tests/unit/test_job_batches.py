@@ -2,7 +2,7 @@
 compare-and-set transitions, a few hundred per commit, each job's status with its event,
 a stale leader's batch refused whole), control.admission.TransitionBatch (what follows a
 transition runs once it is committed, in order), store.spec_cache (a spec parsed once
-per job and stored text) and control.snapshot.PendingJobs (the waits the loop wrote are
+per job and stored text) and control.pending_jobs.PendingJobs (the waits the loop wrote are
 not read back, yet equal a full read). The store tests run on a real SQLite file and on a real
 PostgreSQL database (tests/pgserver.py)."""
 
@@ -13,7 +13,8 @@ import json
 import pytest
 
 from aicluster.control.admission import TransitionBatch
-from aicluster.control.snapshot import PendingJobs, job_workload
+from aicluster.control.pending_jobs import PendingJobs
+from aicluster.control.snapshot import job_workload
 from aicluster.core.lifecycle import IllegalTransition, JobStatus, Reason
 from aicluster.core.model import WaitKind
 from aicluster.specs import load_spec_text
@@ -22,7 +23,7 @@ from aicluster.store.jobs import Move
 from aicluster.store.lease import LeaderLease, StaleLeader, fenced
 from aicluster.store.spec_cache import SpecCache
 
-from fakes import FakeClock
+from fakes import FakeClock, refreshed
 
 P, A, R, S = JobStatus.PENDING, JobStatus.ADMITTED, JobStatus.RUNNING, JobStatus.SUCCEEDED
 
@@ -248,12 +249,12 @@ def test_the_waits_the_loop_wrote_are_not_read_back_yet_equal_a_full_read(store)
         return store.list_jobs(statuses=[P], limit=None)
 
     jobs = _jobs(store, 6)
-    assert pending.refresh() == full()
+    assert refreshed(pending) == full()
     store.clock.advance(5)
     waits = [(j.id, f"waits for {j.name}", WaitKind.CAPACITY) for j in jobs]
     assert store.set_wait_messages(waits, written=pending.written) == 6
     assert len(pending.written) == 6
-    assert pending.refresh() == full()  # message, kind and updated_at as written
+    assert refreshed(pending) == full()  # message, kind and updated_at as written
     assert reads.asked == [[]] and pending.written == {}
     # the loop's write and another one to the same job: that job is read
     store.clock.advance(5)
@@ -261,10 +262,10 @@ def test_the_waits_the_loop_wrote_are_not_read_back_yet_equal_a_full_read(store)
     assert store.set_wait_messages(again, written=pending.written) == 3
     store.transition(jobs[0].id, P, JobStatus.CANCELLED, Reason.CANCELLED_BY_USER)
     store.set_wait_message(jobs[1].id, "an older replica's word", WaitKind.CAPACITY)
-    assert pending.refresh() == full() and len(full()) == 5
+    assert refreshed(pending) == full() and len(full()) == 5
     assert reads.asked[-1] == sorted([jobs[0].id, jobs[1].id])
     # a view kept for a job whose wait changed is the view made anew
-    views = pending.views(pending.refresh(), {})
+    views = pending.views(refreshed(pending), {})
     assert views == [job_workload(j) for j in full()]
 
 
@@ -278,7 +279,7 @@ def test_the_safety_net_check_repairs_a_change_made_without_an_event(store):
     clock = [0.0]
     pending = PendingJobs(reads, resync_s=60.0, clock=lambda: clock[0])
     jobs = _jobs(store, 5)
-    first = pending.refresh()
+    first = refreshed(pending)
     assert first == store.list_jobs(statuses=[P], limit=None) and len(first) == 5
     with store.engine.begin() as conn:  # no event: the increments cannot see these
         conn.execute(
@@ -288,10 +289,10 @@ def test_the_safety_net_check_repairs_a_change_made_without_an_event(store):
         conn.execute(text("UPDATE jobs SET status = 'CANCELLED' WHERE id = :i"), {"i": jobs[2].id})
     store.create_job(load_spec_text("kind: job\nname: late\nteam: ml\ncommand: x\n"), "ann")
     clock[0] = 59.0
-    stale = pending.refresh()  # the late job's event is seen; the raw writes are not
+    stale = refreshed(pending)  # the late job's event is seen; the raw writes are not
     assert {j.id for j in stale} >= {jobs[2].id} and len(stale) == 6
     assert next(j for j in stale if j.id == jobs[1].id).message != "edited"
     clock[0] = 60.0
     asked = len(reads.asked)
-    assert pending.refresh() == store.list_jobs(statuses=[P], limit=None)
+    assert refreshed(pending) == store.list_jobs(statuses=[P], limit=None)
     assert reads.asked[asked:] == [sorted([jobs[1].id, jobs[2].id])]

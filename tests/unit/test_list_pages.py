@@ -4,7 +4,7 @@ reader pages neither repeat nor shift what it reads; a cursor the list did not h
 refused naming `cursor`. Pages of the scheduler's queue (control.queue_pages): positions
 over everybody's entries, a member's own only, a reorder between pages repeats or skips an
 entry as documented, only the page's jobs read from the store. Also the reconcile loop's incremental view of the PENDING jobs
-(control.snapshot.PendingJobs): after any change it equals a full read."""
+(control.pending_jobs.PendingJobs): after any change it equals a full read."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import base64
 
 import pytest
 
-from aicluster.control.queue_pages import QueueEntry, QueuePages
-from aicluster.control.snapshot import PendingJobs
+from aicluster.control.pending_jobs import PendingJobs
+from aicluster.control.queue_pages import QueueEntry, QueuePages, QueueSnapshot
 from aicluster.core.lifecycle import JobStatus, Reason, RequeueCause
 from aicluster.core.model import WaitKind
 from aicluster.specs.job import JobSpec
@@ -23,7 +23,7 @@ from aicluster.store.cursors import MAX_LIMIT, BadCursor, decode, encode, page_o
 from aicluster.store.identity import Principal
 from aicluster.store.services import ServiceStore
 
-from fakes import FakeClock
+from fakes import FakeClock, refreshed
 
 P, A, R = JobStatus.PENDING, JobStatus.ADMITTED, JobStatus.RUNNING
 
@@ -163,7 +163,7 @@ def test_pending_jobs_kept_across_refreshes_equal_a_full_read(store):
         return [(j.id, j.message, j.attempt) for j in store.list_jobs(statuses=[P], limit=None)]
 
     def kept() -> list:
-        return [(j.id, j.message, j.attempt) for j in pending.refresh()]
+        return [(j.id, j.message, j.attempt) for j in refreshed(pending)]
 
     assert kept() == full() == []
     ids = [submit(store, f"j{i}") for i in range(5)]
@@ -236,6 +236,30 @@ def test_jobs_that_left_the_queue_are_skipped_and_the_page_still_fills(store):
     pages, _ = queue_pages(store, [entries])
     page, more = pages.page(ADMIN, 3, None)
     assert [e["workload"] for e in page] == [ids[0], ids[2], ids[3]] and more is not None
+
+
+def test_a_snapshot_with_tails_pages_through_the_window_then_the_tails_in_queue_order(store):
+    """control.queue_pages.QueueSnapshot: the cycle's entries, then each team's tail
+    (queue keys), merged in queue order and made only as far as the pages read."""
+    entries, ids = queue_of(store, "ab")
+    tail_a = [(0, 5.0, "ta1"), (0, 9.0, "ta2")]
+    tail_b = [(-1, 1.0, "tb1"), (0, 7.0, "tb2")]  # tb1 has the higher priority
+    made = {i: submit(store, i, team=i[1]) for i in ("ta1", "ta2", "tb1", "tb2")}
+    tails = [
+        ("a", [(p, t, made[i]) for p, t, i in tail_a]),
+        ("b", [(p, t, made[i]) for p, t, i in tail_b]),
+    ]
+    snapshot = QueueSnapshot(entries, tails, lambda team: f"behind {team}'s window")
+    assert len(snapshot) == 7 and len(snapshot._made) == 3  # nothing of the tails made yet
+    pages, _ = queue_pages(store, [snapshot])
+    got = walk(lambda n, c: pages.page(ADMIN, n, c), 2)
+    order = [made[i] for i in ("tb1", "ta1", "tb2", "ta2")]
+    assert [e["workload"] for e in got] == ids + order
+    assert [e["position"] for e in got] == [1, 3, 4, 5, 6, 7]
+    assert got[2]["reason"] == "behind b's window" and got[2]["wait_kind"] == "queued_behind"
+    assert snapshot[-1].workload_id == order[-1] and snapshot[1:3][1].workload_id == ids[1]
+    with pytest.raises(IndexError):
+        snapshot[7]
 
 
 def test_a_reorder_between_pages_may_repeat_or_skip_an_entry_never_fail(store):

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from aicluster.control.job_io import launch_request, resolve_inputs
 from aicluster.control.oplog import decision as log_decision
-from aicluster.control.queue_pages import QueueEntry
+from aicluster.control.queue_pages import QueueEntry, QueueSnapshot
 from aicluster.control.snapshot import (
     allocations,
     build_snapshot,
@@ -28,7 +28,7 @@ from aicluster.control.snapshot import (
     job_workload,
 )
 from aicluster.core.lifecycle import JobStatus, Reason, RequeueCause
-from aicluster.core.model import Admit, Preempt, Wait
+from aicluster.core.model import Admit, Preempt, Wait, WaitKind
 from aicluster.core.nodestate import NodeState
 from aicluster.core.scheduler import plan_cycle
 from aicluster.store.jobs import JobRecord, Move
@@ -36,6 +36,9 @@ from aicluster.store.jobs import JobRecord, Move
 log = logging.getLogger(__name__)
 decisions = logging.getLogger("aicluster.decisions")
 ACTIVE = (JobStatus.ADMITTED, JobStatus.RUNNING)
+# Cycles one tick may plan while each admits something and a team's queue is cut short
+# (control.pending_jobs): then the next tick comes at once.
+MAX_ROUNDS = 16
 
 
 class TransitionBatch:
@@ -72,17 +75,46 @@ class Admission:
     """The admission step of control.jobs_loop.Controller (mixed into it)."""
 
     def _admit(self) -> None:
-        pending = self.pending.refresh()  # every PENDING job, read only where it changed
-        pending_views = self.pending.views(pending, self.artifact_nodes)
-        active = self.store.list_jobs(statuses=ACTIVE, limit=None)
-        active_views = [job_workload(j) for j in active]
-        for source in self.sources:
-            pending_views += source.pending_workloads()
-            active_views += source.active_workloads()
+        """Plan over each team's window (control.pending_jobs) and the service replicas;
+        while a cycle admitted something and a queue was cut short, plan again at once
+        over the windows moved on (at most MAX_ROUNDS cycles a tick; then the next tick
+        comes at once), as the simulator does (sim.replay). The jobs past the windows get
+        the one wait that says so, written once."""
+        self.pending.refresh()  # every PENDING job, read only where it changed
+        active_views = [job_workload(j) for j in self.store.list_jobs(statuses=ACTIVE, limit=None)]
         used = allocations(active_views)
-        self.allocated = (self.clock(), used)  # GET /v1/nodes reads it (fresh_allocations)
-        if not pending_views:
-            return
+        blocked = quotas = None
+        entries: list[QueueEntry] = []
+        for _ in range(MAX_ROUNDS):
+            window, truncated = self.pending.window()
+            pending_views = self.pending.views(window, self.artifact_nodes)
+            cycle_active = list(active_views)
+            for source in self.sources:
+                pending_views += source.pending_workloads()
+                cycle_active += source.active_workloads()
+            used = allocations(cycle_active)
+            self.allocated = (self.clock(), used)  # GET /v1/nodes reads it (fresh_allocations)
+            if not pending_views:
+                entries = []
+                break
+            if blocked is None:
+                blocked, quotas = self._cycle_inputs()
+            snapshot = build_snapshot(
+                self.nodes, pending_views, cycle_active, blocked, quotas, self.limits(), used
+            )
+            entries, admitted, preempted = self._apply_cycle(
+                plan_cycle(snapshot, self.clock(), self.policy)
+            )
+            active_views += [job_workload(rec) for rec in admitted]
+            if not (admitted and truncated) or preempted:
+                break
+        else:
+            self.notify()  # more to admit: the next tick comes at once
+        self._settle_tails()
+        self.queue = QueueSnapshot(entries, self.pending.tails(), self._tail_reason)
+
+    def _cycle_inputs(self) -> tuple[frozenset[str], tuple]:
+        """The nodes no gang may start on and the quotas, read once a tick."""
         if self.node_loop is not None:  # an admin may have cordoned a node since the tick began
             self.node_states = self.node_loop.nodes.all()
         blocked = self._nodes_in(
@@ -92,31 +124,57 @@ class Admission:
             NodeState.DOWN,
             NodeState.RETIRED,  # an incarnation a rejoin replaced, seconds before Ray knows
         )
-        quotas = tuple(self.quotas.all()) if self.quotas is not None else ()
-        snapshot = build_snapshot(
-            self.nodes, pending_views, active_views, blocked, quotas, self.limits(), used
-        )
-        by_id = self.pending.by_id()  # the same jobs as `pending`, by id
-        queue, waits, admits = [], [], TransitionBatch()
-        for decision in plan_cycle(snapshot, self.clock(), self.policy):
+        return blocked, tuple(self.quotas.all()) if self.quotas is not None else ()
+
+    def _apply_cycle(self, decided: list) -> tuple[list[QueueEntry], list[JobRecord], bool]:
+        """Apply one cycle's decisions: (its queue entries, the jobs it admitted as
+        written, whether it preempted)."""
+        by_id = self.pending.by_id()
+        queue, waits, admits, admitted = [], [], TransitionBatch(), []
+        preempted = False
+        for decision in decided:
             job = by_id.get(decision.workload_id)
             if isinstance(decision, Wait):
                 team = job.team if job is not None else None
                 wid, why = decision.workload_id, decision.reason
                 queue.append(QueueEntry(wid, why, decision.kind, team, job is not None))
             if isinstance(decision, Preempt):
+                preempted = True
                 self._preempt(decision)
             elif job is None:
                 for source in self.sources:
                     source.apply(decision)
             elif isinstance(decision, Admit):
-                self._launch(job, decision, admits)
+                self._launch(job, decision, admits, admitted)
             elif isinstance(decision, Wait):
                 self._wait(job, decision, waits)
         admits.apply(self.store)  # a few transactions for all, then the launches in order
         if waits:  # in batches, not a transaction per job; not read back (PendingJobs)
             self.store.set_wait_messages(waits, written=self.pending.written)
-        self.queue = queue
+        return queue, admitted, preempted
+
+    def _tail_reason(self, team: str) -> str:
+        d = self.pending.depth
+        return (
+            f"queued behind the first {d} jobs of team {team} (each cycle the scheduler "
+            f"considers a team's {d} jobs of highest priority, oldest first)"
+        )
+
+    def _settle_tails(self) -> None:
+        """Write the tail's wait to each job read or pushed into a tail since the last
+        tick that does not say it yet (control.pending_jobs `unsettled`)."""
+        pending, waits = self.pending, []
+        jobs, tail = pending.by_id(), WaitKind.QUEUED_BEHIND
+        for job_id in pending.unsettled:
+            job = jobs.get(job_id)
+            if job is None or not pending.in_tail(job):
+                continue
+            why = self._tail_reason(job.team)
+            if job.message != why or job.wait_kind is not tail:
+                waits.append((job_id, why, tail))
+        if waits:  # raising, they stay unsettled: the next tick tries again
+            self.store.set_wait_messages(waits, written=pending.written)
+        pending.unsettled.clear()
 
     def _preempt(self, decision: Preempt) -> None:
         """Stop a running gang and put it back in the queue (no restart is spent);
@@ -134,8 +192,11 @@ class Admission:
         message = f"{Reason.PREEMPTED}: {decision.reason}"
         self._requeue(job, RequeueCause.PREEMPTED, message, by=decision.reason)
 
-    def _launch(self, job: JobRecord, decision: Admit, admits: TransitionBatch) -> None:
-        """Admit the job in `admits`; once that is written, launch its gang."""
+    def _launch(
+        self, job: JobRecord, decision: Admit, admits: TransitionBatch, admitted: list
+    ) -> None:
+        """Admit the job in `admits`; once that is written, launch its gang (and add its
+        record to `admitted`)."""
         move = Move(
             job.id,
             JobStatus.PENDING,
@@ -144,9 +205,10 @@ class Admission:
             "placed on " + ", ".join(n[:8] for n in decision.placement),
             fields=dict(placement=list(decision.placement), attempt=job.attempt + 1),
         )
-        admits.add(move, lambda rec: self._launch_admitted(rec, decision))
+        admits.add(move, lambda rec: self._launch_admitted(rec, decision, admitted))
 
-    def _launch_admitted(self, rec: JobRecord | None, decision: Admit) -> None:
+    def _launch_admitted(self, rec: JobRecord | None, decision: Admit, admitted: list) -> None:
+        self.pending.drop(decision.workload_id)  # not PENDING now, whatever happened
         if rec is None:
             return  # cancelled meanwhile
         attempt = rec.attempt
@@ -171,6 +233,7 @@ class Admission:
         except (OSError, ValueError) as exc:
             self._end_attempt(rec, Reason.LAUNCH_FAILED, f"cannot prepare the launch: {exc}")
             return
+        admitted.append(rec)  # its nodes are taken for the tick's next cycle
         fut = self.pool.submit(self.engine.launch, req)
         fut.add_done_callback(lambda _f: self.notify())
         self.launching[rec.id] = fut

@@ -6,10 +6,11 @@ One `tick()` is one level-triggered pass:
    requeued/failed); RUNNING ones get their logs pulled and end SUCCEEDED,
    FAILED(exit_code | node_lost | worker_lost) or go back to PENDING to restart;
 3. admission (control.admission): `core.scheduler.plan_cycle(snapshot, clock, policy)`
-   over pending jobs and service replicas, then its decisions applied (Preempts first,
-   then Admits/Waits); the pending jobs are kept across ticks and re-read only where
-   they changed (control.snapshot.PendingJobs), and only waits that say something new
-   are written;
+   over the first 32 pending jobs of each team (the window, control.pending_jobs) and
+   the service replicas, then its decisions applied (Preempts first, then Admits/Waits),
+   again at once while a cycle admitted and a queue was cut short; the pending jobs are
+   kept across ticks and re-read only where they changed, and only waits that say
+   something new are written (a job past its team's window is told so once);
 4. garbage: any gang in Ray that no live job attempt owns is stopped.
 
 Step 2's starts (ADMITTED -> RUNNING) and successes, and step 3's admissions, are
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +36,10 @@ from aicluster.control.job_envs import EnvProgress
 from aicluster.control.job_io import push_outputs
 from aicluster.control.logs import LogStore
 from aicluster.control.oplog import decision as log_decision
+from aicluster.control.pending_jobs import PendingJobs
 from aicluster.control.queue_pages import QueueEntry
 from aicluster.control.recovery import newest_checkpoint, recovery
-from aicluster.control.snapshot import PendingJobs, WorkloadSource
+from aicluster.control.snapshot import WorkloadSource
 from aicluster.control.workdirs import as_workdirs
 from aicluster.core.lifecycle import (
     JobStatus,
@@ -92,8 +95,9 @@ class Controller(Admission):
         self.policy = get_policy(policy)  # one object across cycles: it caches the layout
         self.quotas = quotas  # store.quotas.QuotaStore, or None (no quotas)
         self.limits = limits  # () -> the teams' core.model.TeamLimits (control.budgets)
-        # last cycle's waits in order (control.queue_pages): replaced whole, never changed
-        self.queue: list[QueueEntry] = []
+        # last cycle's waits in order, then the queues' tails (control.queue_pages
+        # QueueSnapshot): replaced whole, never changed
+        self.queue: Sequence[QueueEntry] = []
         # (when, node id -> resources its running workloads hold) as of the last cycle
         self.allocated: tuple[float, dict] | None = None
         self.artifacts = artifacts  # control.artifacts.ArtifactService: job inputs/outputs

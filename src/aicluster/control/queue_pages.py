@@ -1,8 +1,10 @@
 """Pages of the scheduler's queue (`GET /v1/queue`), cheap at 100,000 pending workloads.
 
-Vocabulary: the *snapshot* is the last cycle's queue (control.jobs_loop.Controller.queue):
-a list of QueueEntry, one per workload the scheduler left waiting, in the order it
-considered them, replaced whole each cycle and never changed in place. An entry's
+Vocabulary: the *snapshot* is the last cycle's queue (control.jobs_loop.Controller.queue,
+a QueueSnapshot): a sequence of QueueEntry, one per workload the scheduler left waiting, in
+the order it considered them, then the jobs past each team's window that the cycle did not
+look at (control.pending_jobs), in queue order; replaced whole each cycle and never changed
+in place. An entry's
 *position* is its 1-based place among everybody's entries: other teams' entries and
 service replicas count for it but are never shown (only jobs are shown, to an admin every
 team's, to members and viewers their team's).
@@ -26,7 +28,10 @@ change, following `next_cursor` from the first page to null reads every entry on
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Sequence
+from heapq import merge
+from itertools import islice
 from typing import NamedTuple
 
 from aicluster.core.lifecycle import JobStatus
@@ -47,6 +52,45 @@ class QueueEntry(NamedTuple):
     wait_kind: WaitKind
     team: str | None = None
     is_job: bool = True
+
+
+class QueueSnapshot(Sequence):
+    """A cycle's queue: the entries it decided (`head`, in the order it considered them),
+    then the teams' queue tails it did not look at (control.pending_jobs), merged in queue
+    order, each entry saying `tail_reason(team)`. The tails are copies made with the
+    snapshot; their entries are made on demand, as far as a page reads (thread-safe), so
+    a cycle costs nothing for the tens of thousands of entries nobody pages to."""
+
+    def __init__(
+        self,
+        head: list[QueueEntry],
+        tails: list[tuple[str, list[tuple]]] = (),
+        tail_reason: Callable[[str], str] = str,
+    ):
+        self._made = list(head)
+        self._len = len(head) + sum(len(keys) for _, keys in tails)
+        streams = [((key, team) for key in keys) for team, keys in tails]
+        self._rest = merge(*streams) if streams else iter(())
+        self._reason = tail_reason
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._len))]
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError(i)
+        if i >= len(self._made):
+            with self._lock:
+                for key, team in islice(self._rest, max(0, i + 1 - len(self._made))):
+                    self._made.append(
+                        QueueEntry(key[-1], self._reason(team), WaitKind.QUEUED_BEHIND, team)
+                    )
+        return self._made[i]
 
 
 class QueuePages:

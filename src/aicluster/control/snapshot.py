@@ -7,9 +7,7 @@ there, so decisions never depend on Ray's view of free resources lagging behind.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Protocol
 
 from aicluster.core.lifecycle import JobStatus
@@ -171,118 +169,6 @@ def build_snapshot(
         quotas=tuple(quotas),
         limits=tuple(limits),
     )
-
-
-_SEQ = attrgetter("seq")
-
-
-class PendingJobs:
-    """The PENDING jobs, kept across ticks and brought up to date from the event log:
-    each refresh reads only the jobs that changed since the last one (every write to a job
-    writes its event in the same transaction: store.jobs.jobs_changed_since), so a tick
-    costs what changed, not everything queued.
-
-    Invariant: `refresh` answers exactly the jobs that were PENDING at a moment no older
-    than its start, each as read then, newest first like `Store.list_jobs(limit=None)`.
-    The waits the loop wrote itself (`written`, filled by Store.set_wait_messages once
-    committed) are not read back: a job whose only events since are those gets the
-    message, kind and updated_at it was written with, which is what a read would give
-    (any other write to it has an event of its own, and then it is read). A full read
-    happens on the first refresh and after `reset` (a new term of leadership). Every
-    `resync_s` seconds a check, as a safety net, compares the kept jobs with the id and
-    updated_at of every PENDING job in the store (every write to a job sets its
-    updated_at) and reads the jobs that differ: at 100,000 pending that costs ~1/20 of a
-    full read, which had made every 60th second's tick the slowest by far."""
-
-    def __init__(self, store, resync_s: float = 60.0, clock=time.monotonic):
-        self.store, self.resync_s, self.clock = store, resync_s, clock
-        self._jobs: dict[str, JobRecord] = {}
-        self._views: dict[str, tuple[JobRecord, WorkloadView]] = {}
-        self._mark: int | None = None  # event id the cache is current to
-        self._full_at = float("-inf")
-        # event id -> (job id, message, kind, updated_at): the waits this loop wrote
-        self.written: dict[int, tuple] = {}
-
-    def reset(self) -> None:
-        self._mark = None
-
-    def refresh(self) -> list[JobRecord]:
-        pending = JobStatus.PENDING
-        if self._mark is None:
-            mark = self.store.event_mark()  # before the read: later changes are re-read
-            jobs = self.store.list_jobs(statuses=[pending], limit=None)
-            self._jobs = {j.id: j for j in jobs}
-            self._mark, self._full_at = mark, self.clock()
-            self.written.clear()  # written before the mark: in what was just read
-        else:
-            events, self._mark = self.store.job_events_since(self._mark)
-            changed = self._own_waits(events)
-            if self.clock() - self._full_at >= self.resync_s:
-                changed |= self._differing()
-                self._full_at = self.clock()
-            for gone in changed:
-                self._jobs.pop(gone, None)
-            for j in self.store.get_jobs(changed):
-                if j.status == pending:
-                    self._jobs[j.id] = j
-        return sorted(self._jobs.values(), key=_SEQ, reverse=True)
-
-    def by_id(self) -> dict[str, JobRecord]:
-        """What the last `refresh` answered, by job id (do not change it)."""
-        return self._jobs
-
-    def _differing(self) -> set[str]:
-        """The ids of the jobs that the kept ones and the store's PENDING ones disagree
-        on: missing on either side, or with another updated_at. Read after the events
-        were: a change made meanwhile is read again by the next refresh (its event is
-        past the mark), so the cache is never left behind by this check."""
-        stored = self.store.job_versions(JobStatus.PENDING)
-        kept = self._jobs
-        out = {i for i, at in stored.items() if (j := kept.get(i)) is None or j.updated_at != at}
-        out.update(i for i in kept if i not in stored)
-        return out
-
-    def _own_waits(self, events: list[tuple[int, str]]) -> set[str]:
-        """Apply the waits this loop wrote to the jobs whose only events they are; the
-        ids of the jobs changed otherwise (to read)."""
-        written = self.written
-        other = {job_id for event_id, job_id in events if event_id not in written}
-        for event_id, job_id in events:
-            wait = written.pop(event_id, None)
-            job = self._jobs.get(job_id) if wait is not None and job_id not in other else None
-            if job is None:
-                continue
-            _, message, kind, updated_at = wait
-            new = job.with_wait(message, kind, updated_at)
-            self._jobs[job_id] = new
-            view = self._views.get(job_id)
-            if view is not None and view[0] is job:  # the same view (job_workload)
-                self._views[job_id] = (new, view[1])
-        return other
-
-    def views(self, jobs: list[JobRecord], where: dict[str, set[str]]) -> list[WorkloadView]:
-        """`job_workload` of each of `jobs` (from `refresh`): the view made last time when
-        the record is the same one and the job has no inputs (else its preferred nodes,
-        from `where`, may have changed since). The kept views are updated in place (a
-        tick allocates for what changed only); those of jobs gone are dropped when they
-        outnumber the jobs."""
-        kept, out = self._views, []
-        for j in jobs:
-            hit = kept.get(j.id)
-            if hit is not None and hit[0] is j:
-                out.append(hit[1])
-                continue
-            view = job_workload(j, where)
-            if not j.spec.inputs:
-                kept[j.id] = (j, view)
-            elif hit is not None:
-                del kept[j.id]
-            out.append(view)
-        if len(kept) > len(jobs):
-            ids = {j.id for j in jobs}
-            for gone in [i for i in kept if i not in ids]:
-                del kept[gone]
-        return out
 
 
 class WorkloadSource(Protocol):

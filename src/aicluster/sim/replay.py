@@ -15,7 +15,8 @@ Like a real scheduler's queue depth, the policy sees at most `queue_depth` pendi
 per team each cycle (oldest first; `fifo` decisions never depend on deeper ones). A cycle
 that admitted something while a queue was cut short is followed at once by another, so
 the gangs beyond the depth never wait for an unrelated event while GPUs sit idle (the
-live control plane has no depth: it plans over every pending gang each tick).
+live control plane plans over the same window and plans again the same way:
+control.pending_jobs and control.admission).
 
 Invariant: every job is pending, running, finished or rejected, exactly one of them;
 a finite trace always ends (the run stops with the unfinished jobs reported if ever no
