@@ -16,6 +16,8 @@ when it is absent), --json FILE.
 
 What it reports, in one table with ratios (every figure from this run):
 - submit: POST /v1/jobs throughput (jobs/s) and latency p50/p99, with the loop idle;
+- GPUs after each tick: held (by gangs running, or exited and not yet seen by the loop)
+  and running (at work): whether the admissions keep the cluster busy;
 - tick: Controller.tick() wall time p50/p99 over --ticks ticks while jobs run, finish and
   are admitted; admissions/s = admissions / the ticks' total time;
 - pending read: the tick's incremental read of the PENDING jobs (control.snapshot.
@@ -72,6 +74,7 @@ TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "philly.csv"
 class _Gang:
     ends_at: float  # time.monotonic() when its workers exit 0
     workers: int
+    gpus: int  # in all
 
 
 class SimEngine:
@@ -101,11 +104,21 @@ class SimEngine:
     def nodes(self) -> list[NodeInfo]:
         return list(self._nodes)
 
+    def busy(self) -> tuple[float, float]:
+        """(the fraction of the GPUs that gangs hold: running, or exited but not yet seen
+        to by the loop; the fraction that running gangs use)."""
+        now = time.monotonic()
+        with self._lock:
+            held = sum(g.gpus for g in self.gangs.values())
+            running = sum(g.gpus for g in self.gangs.values() if g.ends_at > now)
+        total = len(self._nodes) * GPUS_PER_NODE
+        return held / total, running / total
+
     def launch(self, req: LaunchRequest) -> tuple[str, int]:
         run_s = float(req.env.get("AICLUSTER_BENCH_DURATION_S", "1"))
         with self._lock:
             self.gangs[(req.job_id, req.attempt)] = _Gang(
-                time.monotonic() + run_s, len(req.placement)
+                time.monotonic() + run_s, len(req.placement), req.gpus * len(req.placement)
             )
             self.launches += 1
         return "10.0.0.1", 29500
@@ -303,7 +316,7 @@ def run_ticks(ctrl: Controller, store, engine: SimEngine, ticks: int, deadline: 
             incremental.append(time.perf_counter() - t)
 
     ctrl.pending.refresh = timed_refresh  # the bench times the loop's own call
-    tick_s, cpu_s, full_s, events = [], [], [], []
+    tick_s, cpu_s, full_s, events, busy = [], [], [], [], []
     before = engine.launches
     for _ in range(ticks):
         if time.monotonic() > deadline:
@@ -313,13 +326,14 @@ def run_ticks(ctrl: Controller, store, engine: SimEngine, ticks: int, deadline: 
         ctrl.tick()
         tick_s.append(time.perf_counter() - t)
         cpu_s.append(time.thread_time() - c)
+        busy.append(engine.busy())
         events.append(_event_count(store) - written)
         t = time.perf_counter()
         store.list_jobs(statuses=[JobStatus.PENDING], limit=None)  # the old way, each tick
         full_s.append(time.perf_counter() - t)
     while any(not f.done() for f in ctrl.launching.values()):
         time.sleep(0.01)
-    return tick_s, cpu_s, incremental, full_s, engine.launches - before, events
+    return tick_s, cpu_s, incremental, full_s, engine.launches - before, events, busy
 
 
 def _event_count(store) -> int:
@@ -407,7 +421,7 @@ def main() -> None:
 
 def report(args, source, preload_s, single, batched, ticks, lists):
     (rate, submit_lat), (batch_rate, batch_lat) = single, batched
-    tick_s, cpu_s, incr_s, full_s, admitted, events = ticks
+    tick_s, cpu_s, incr_s, full_s, admitted, events, busy_gpus = ticks
     later, cpu = (tick_s[1:], cpu_s[1:]) if len(tick_s) > 1 else (tick_s, cpu_s)
     incr_s = incr_s[1:] if len(incr_s) > 1 else incr_s  # the first refresh reads them all
     ms = 1000.0
@@ -458,6 +472,13 @@ def report(args, source, preload_s, single, batched, ticks, lists):
             f"  events written per tick, after the first: p50 {pct(after, 50):.0f}, "
             f"max {max(after)} (first tick {events[0]}; {admitted} admissions in all)"
         )
+    after = busy_gpus[1:] or busy_gpus
+    held, running = [h for h, _ in after], [r for _, r in after]
+    print(
+        f"  GPUs after each tick (after the first): held p50 {100 * pct(held, 50):.1f}%; "
+        f"running p50 {100 * pct(running, 50):.1f}%, min {100 * min(running):.1f}% (held: "
+        "by gangs running or exited unseen; running: at work)"
+    )
     print(f"  tick p99 (after the first) / goal 250 ms: {pct(later, 99) * ms / 250:.2f}")
     print(f"  submit rate / goal 1000 jobs/s:         {rate / 1000:.2f}")
     if batch_rate:
