@@ -12,10 +12,11 @@ import json
 
 import pytest
 
+from aicluster.control.active_jobs import ActiveJobs
 from aicluster.control.admission import TransitionBatch
 from aicluster.control.pending_jobs import PendingJobs
 from aicluster.control.snapshot import job_workload
-from aicluster.core.lifecycle import IllegalTransition, JobStatus, Reason
+from aicluster.core.lifecycle import IllegalTransition, JobStatus, Reason, RequeueCause
 from aicluster.core.model import WaitKind
 from aicluster.specs import load_spec_text
 from aicluster.store import open_store
@@ -296,3 +297,66 @@ def test_the_safety_net_check_repairs_a_change_made_without_an_event(store):
     asked = len(reads.asked)
     assert refreshed(pending) == store.list_jobs(statuses=[P], limit=None)
     assert reads.asked[asked:] == [sorted([jobs[1].id, jobs[2].id])]
+
+
+def test_the_active_jobs_kept_across_refreshes_equal_a_full_read(store):
+    """control.active_jobs: admissions, starts, successes, failures, requeues, cancels
+    and waits of pending jobs in random order; after each refresh the kept jobs equal a
+    full read of the ADMITTED and RUNNING ones, and only the jobs with a transition or
+    already kept are read (a pending job's wait is not)."""
+    import random
+
+    reads = Reads(store)
+    active = ActiveJobs(reads, resync_s=1e9)  # never resyncs: increments only
+    rng = random.Random(3)
+    _jobs(store, 30)
+    assert active.refresh() == []
+    for step in range(150):
+        store.clock.advance(1)
+        status = {j.id: j.status for j in store.list_jobs(limit=None)}
+
+        def pick(st, status=status) -> list[str]:
+            return [i for i, s in status.items() if s == st]
+
+        op = rng.random()
+        if op < 0.3 and pick(P):
+            store.transitions([_admit(store.get_job(rng.choice(pick(P))))])
+        elif op < 0.5 and pick(A):
+            store.transition(rng.choice(pick(A)), A, R, Reason.STARTED)
+        elif op < 0.6 and pick(R):
+            store.transition(rng.choice(pick(R)), R, S, Reason.COMPLETED, exit_code=0)
+        elif op < 0.7 and pick(R):
+            store.transition(
+                rng.choice(pick(R)),
+                R,
+                P,
+                Reason.REQUEUED,
+                "lost",
+                requeue_cause=RequeueCause.WORKER_LOST,
+            )
+        elif op < 0.8 and pick(A):
+            store.transition(rng.choice(pick(A)), A, JobStatus.CANCELLED, Reason.CANCELLED_BY_USER)
+        elif pick(P):
+            asked = len(reads.asked)
+            store.set_wait_messages([(rng.choice(pick(P)), f"w{step}", WaitKind.CAPACITY)])
+            assert active.refresh() == store.list_jobs(statuses=[A, R], limit=None)
+            assert reads.asked[asked:] == [[]], "a pending job's wait is read"
+        assert active.refresh() == store.list_jobs(statuses=[A, R], limit=None), step
+        assert active.views() == [job_workload(j) for j in active._jobs.values()]
+
+
+def test_the_active_jobs_safety_net_repairs_a_change_made_without_an_event(store):
+    from sqlalchemy import text
+
+    clock = [0.0]
+    active = ActiveJobs(store, resync_s=60.0, clock=lambda: clock[0])
+    jobs = _jobs(store, 3)
+    store.transitions([_admit(j) for j in jobs])
+    assert len(active.refresh()) == 3
+    with store.engine.begin() as conn:  # no event: the increments cannot see it
+        conn.execute(text("UPDATE jobs SET status = 'SUCCEEDED' WHERE id = :i"), {"i": jobs[0].id})
+    clock[0] = 59.0
+    assert len(active.refresh()) == 3  # not seen yet
+    clock[0] = 60.0
+    assert active.refresh() == store.list_jobs(statuses=[A, R], limit=None)
+    assert len(active.jobs()) == 2

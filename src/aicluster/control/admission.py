@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from aicluster.control.active_jobs import ACTIVE
 from aicluster.control.job_io import launch_request, resolve_inputs
 from aicluster.control.oplog import decision as log_decision
 from aicluster.control.queue_pages import QueueEntry, QueueSnapshot
@@ -28,14 +29,13 @@ from aicluster.control.snapshot import (
     job_workload,
 )
 from aicluster.core.lifecycle import JobStatus, Reason, RequeueCause
-from aicluster.core.model import Admit, Preempt, Wait, WaitKind
+from aicluster.core.model import Admit, Preempt, Res, Wait, WaitKind
 from aicluster.core.nodestate import NodeState
 from aicluster.core.scheduler import plan_cycle
 from aicluster.store.jobs import JobRecord, Move
 
 log = logging.getLogger(__name__)
 decisions = logging.getLogger("aicluster.decisions")
-ACTIVE = (JobStatus.ADMITTED, JobStatus.RUNNING)
 # Cycles one tick may plan while each admits something and a team's queue is cut short
 # (control.pending_jobs): then the next tick comes at once.
 MAX_ROUNDS = 16
@@ -81,18 +81,21 @@ class Admission:
         comes at once), as the simulator does (sim.replay). The jobs past the windows get
         the one wait that says so, written once."""
         self.pending.refresh()  # every PENDING job, read only where it changed
-        active_views = [job_workload(j) for j in self.store.list_jobs(statuses=ACTIVE, limit=None)]
-        used = allocations(active_views)
+        self.active.refresh()  # the same for the active ones
+        active_views = self.active.views()
+        active_used = allocations(active_views)  # the jobs' at the start of the tick
+        admitted_views: list = []  # the jobs this tick's cycles admitted
         blocked = quotas = None
         entries: list[QueueEntry] = []
         for _ in range(MAX_ROUNDS):
             window, truncated = self.pending.window()
             pending_views = self.pending.views(window, self.artifact_nodes)
-            cycle_active = list(active_views)
+            more = list(admitted_views)
             for source in self.sources:
                 pending_views += source.pending_workloads()
-                cycle_active += source.active_workloads()
-            used = allocations(cycle_active)
+                more += source.active_workloads()
+            cycle_active = active_views + more
+            used = _plus(active_used, allocations(more))
             self.allocated = (self.clock(), used)  # GET /v1/nodes reads it (fresh_allocations)
             if not pending_views:
                 entries = []
@@ -105,7 +108,7 @@ class Admission:
             entries, admitted, preempted = self._apply_cycle(
                 plan_cycle(snapshot, self.clock(), self.policy)
             )
-            active_views += [job_workload(rec) for rec in admitted]
+            admitted_views += [job_workload(rec) for rec in admitted]
             if not (admitted and truncated) or preempted:
                 break
         else:
@@ -251,3 +254,13 @@ class Admission:
             # wait, so an unchanged one needs no write (set_wait_messages would compare
             # and write nothing): the tick costs what changed, not the queue.
             waits.append((job.id, decision.reason, decision.kind))
+
+
+def _plus(a: dict[str, Res], b: dict[str, Res]) -> dict[str, Res]:
+    """Per node, what `a` and `b` hold together (a new dict; `a` is left as it is)."""
+    if not b:
+        return a
+    out = dict(a)
+    for node_id, r in b.items():
+        out[node_id] = out[node_id] + r if node_id in out else r
+    return out

@@ -30,6 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from aicluster.control.active_jobs import ActiveJobs
 from aicluster.control.admission import ACTIVE, Admission, TransitionBatch
 from aicluster.control.inputs_progress import InputsProgress
 from aicluster.control.job_envs import EnvProgress
@@ -123,6 +124,7 @@ class Controller(Admission):
         self.sources: list[WorkloadSource] = []
         self.last_gc = 0.0
         self.pending = PendingJobs(store)  # kept across ticks: read what changed only
+        self.active = ActiveJobs(store)  # the same, for the ADMITTED and RUNNING jobs
         self.adopt_retry_s = ADOPT_RETRY_S
         # the active jobs' starts and successes of this tick, written after them all
         self.moves = TransitionBatch()
@@ -140,6 +142,7 @@ class Controller(Admission):
         self.alive = None
         self.last_gc = 0.0
         self.pending.reset()
+        self.active.reset()
         self.moves = TransitionBatch()  # nothing decided by an earlier term is written
 
     # -- the loop -------------------------------------------------------------------
@@ -163,7 +166,7 @@ class Controller(Admission):
                 source.reconcile(self.nodes, self.alive or set(), draining)
             except Exception:
                 log.exception("reconciling %s", type(source).__name__)
-        active = self.store.list_jobs(statuses=ACTIVE, limit=None)
+        active = self.active.refresh()
         for gone in self.last_heard.keys() - {j.id for j in active}:  # ended, cancelled
             del self.last_heard[gone]
         for job in active:
@@ -211,7 +214,7 @@ class Controller(Admission):
         """Past the grace period, stop and requeue the jobs still on draining nodes;
         a draining node with nothing of aicluster left on it becomes Cordoned."""
         busy: set[str] = set()
-        for job in self.store.list_jobs(statuses=ACTIVE, limit=None):
+        for job in self.active.refresh():
             on = draining & set(job.placement or [])
             if not on:
                 continue

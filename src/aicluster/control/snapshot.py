@@ -55,6 +55,19 @@ class WorkloadView:
             made = self.__dict__["_gang"] = self._make_gang()
         return made
 
+    def running(self, pool: str) -> RunningWorkload:
+        """Its RunningWorkload (placed, charged to `pool`), made once per pool: a view kept
+        across cycles (control.active_jobs) costs nothing to hand the scheduler again."""
+        made = self.__dict__.get("_running")
+        if made is None or made.pool != pool:
+            made = self.__dict__["_running"] = RunningWorkload(
+                gang=self.gang(),
+                placement=self.placement,
+                started_at=self.started_at or self.created_at,
+                pool=pool,
+            )
+        return made
+
     def _make_gang(self) -> GangRequest:
         return GangRequest(
             workload_id=self.workload_id,
@@ -153,14 +166,7 @@ def build_snapshot(
         if n.alive
     )
     running = tuple(
-        RunningWorkload(
-            gang=w.gang(),
-            placement=w.placement,
-            started_at=w.started_at or w.created_at,
-            pool=pool_of.get(w.placement[0], "default"),
-        )
-        for w in active
-        if w.placement
+        w.running(pool_of.get(w.placement[0], "default")) for w in active if w.placement
     )
     return Snapshot(
         nodes=views,

@@ -142,14 +142,16 @@ class JobWrites:
             changed += len(done)
         return changed
 
-    def job_events_since(self, after: int) -> tuple[list[tuple[int, str]], int]:
+    def job_events_since(self, after: int, with_type: bool = False) -> tuple[list[tuple], int]:
         """(event id, job id) of every job event after event id `after`, in order, and
-        the event id to pass next time (never past the event horizon: none is missed)."""
+        the event id to pass next time (never past the event horizon: none is missed).
+        `with_type`: (event id, job id, event type) instead."""
         top = max(after, self.event_mark())
+        columns = [EventRow.id, EventRow.object_id] + ([EventRow.type] if with_type else [])
         q = (
-            select(EventRow.id, EventRow.object_id)
+            select(*columns)
             .where(EventRow.id > after, EventRow.id <= top, EventRow.kind == "job")
             .order_by(EventRow.id)
         )
         with self._session() as s:
-            return [(r.id, r.object_id) for r in s.execute(q)], top
+            return [tuple(r) for r in s.execute(q)], top

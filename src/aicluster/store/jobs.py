@@ -339,11 +339,13 @@ class JobStore:
             )
             return set(s.scalars(q)), top
 
-    def job_versions(self, status: JobStatus) -> dict[str, float]:
-        """id -> updated_at of every job in `status` (every write to a job sets its
-        updated_at): what a cache of those jobs checks itself against without reading
-        them (control.snapshot.PendingJobs)."""
-        q = select(JobRow.id, JobRow.updated_at).where(JobRow.status == status.value)
+    def job_versions(self, *statuses: JobStatus) -> dict[str, float]:
+        """id -> updated_at of every job in one of `statuses` (every write to a job sets
+        its updated_at): what a cache of those jobs checks itself against without reading
+        them (control.pending_jobs, control.active_jobs)."""
+        q = select(JobRow.id, JobRow.updated_at).where(
+            JobRow.status.in_([s.value for s in statuses])
+        )
         with self._session() as s:
             return {i: at for i, at in s.execute(q)}
 

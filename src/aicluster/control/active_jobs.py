@@ -1,0 +1,80 @@
+"""The ADMITTED and RUNNING jobs the reconcile loop watches, kept across ticks.
+
+Each `refresh` reads only what changed since the last one, from the event log (every
+write to a job writes its event in the same transaction): the jobs kept that have an
+event since, and the jobs with a transition since (the only way into ADMITTED or
+RUNNING). So a tick costs what changed, not every running job.
+
+Invariants: after `refresh`, `jobs()` answers exactly the jobs that were ADMITTED or
+RUNNING at a moment no older than its start, each as read then, newest first like
+`Store.list_jobs(limit=None)`. A full read happens on the first refresh and after `reset`
+(a new term of leadership); every `resync_s` seconds a check, as a safety net, compares
+the kept jobs with the id and updated_at of every active job in the store (every write to
+a job sets its updated_at) and reads the jobs that differ (as control.pending_jobs).
+`views()` answers `job_workload` of each, the view made last time for a record that is
+the same one (a view is immutable and depends on its record alone).
+"""
+
+from __future__ import annotations
+
+import time
+from operator import attrgetter
+
+from aicluster.control.snapshot import WorkloadView, job_workload
+from aicluster.core.lifecycle import JobStatus
+from aicluster.store.jobs import JobRecord
+
+ACTIVE = (JobStatus.ADMITTED, JobStatus.RUNNING)
+_SEQ = attrgetter("seq")
+
+
+class ActiveJobs:
+    def __init__(self, store, resync_s: float = 60.0, clock=time.monotonic):
+        self.store, self.resync_s, self.clock = store, resync_s, clock
+        self._jobs: dict[str, JobRecord] = {}
+        self._views: dict[str, tuple[JobRecord, WorkloadView]] = {}
+        self._mark: int | None = None
+        self._full_at = float("-inf")
+
+    def reset(self) -> None:
+        self._mark = None
+
+    def refresh(self) -> list[JobRecord]:
+        """Bring the kept jobs up to date; `jobs()`."""
+        if self._mark is None:
+            mark = self.store.event_mark()  # before the read: later changes are re-read
+            self._jobs = {j.id: j for j in self.store.list_jobs(statuses=ACTIVE, limit=None)}
+            self._mark, self._full_at = mark, self.clock()
+            return self.jobs()
+        events, self._mark = self.store.job_events_since(self._mark, with_type=True)
+        kept = self._jobs
+        changed = {job for _, job, kind in events if job in kept or kind == "JobTransition"}
+        if self.clock() - self._full_at >= self.resync_s:
+            stored = self.store.job_versions(*ACTIVE)
+            changed.update(
+                i for i, at in stored.items() if (j := kept.get(i)) is None or j.updated_at != at
+            )
+            changed.update(i for i in kept if i not in stored)
+            self._full_at = self.clock()
+        for job_id in changed:
+            kept.pop(job_id, None)
+        for j in self.store.get_jobs(changed):
+            if j.status in ACTIVE:
+                kept[j.id] = j
+        if len(self._views) > 2 * len(kept):
+            self._views = {i: v for i, v in self._views.items() if i in kept}
+        return self.jobs()
+
+    def jobs(self) -> list[JobRecord]:
+        """The kept jobs, newest first (as Store.list_jobs)."""
+        return sorted(self._jobs.values(), key=_SEQ, reverse=True)
+
+    def views(self) -> list[WorkloadView]:
+        """`job_workload` of every kept job, reused while its record is the same."""
+        views, out = self._views, []
+        for j in self._jobs.values():
+            hit = views.get(j.id)
+            if hit is None or hit[0] is not j:
+                hit = views[j.id] = (j, job_workload(j))
+            out.append(hit[1])
+        return out
