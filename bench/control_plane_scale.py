@@ -28,8 +28,9 @@ What it reports, in one table with ratios (every figure from this run):
   against the baseline of one 1,000-row page (what GET /v1/jobs answered before pages).
 
 The engine is simulated (SimEngine below, the engine protocol of engine/protocol.py): a
-launch starts at once, a worker exits 0 after its trace duration / --time-scale. Ray, the
-workers and their logs are not exercised; the control plane's work is.
+launch starts at once, a worker exits 0 after its trace duration / --time-scale. Ray and the
+workers are not exercised; the control plane's work is, with the server's own log store (the
+state store's SharedLogStore, which the loop asks for each running rank's log end).
 """
 
 from __future__ import annotations
@@ -53,12 +54,13 @@ from aicluster.api.app import create_app
 from aicluster.control.api_ops import ApiOps
 from aicluster.control.gc_settings import tune_for_control_plane
 from aicluster.control.jobs_loop import Controller
-from aicluster.control.logs import LogStore
+from aicluster.control.logs import SharedLogStore
 from aicluster.core.lifecycle import JobStatus, Reason
 from aicluster.engine.protocol import LaunchRequest, NodeInfo, WorkerState
 from aicluster.sim.traces import TraceJob, load_philly, synthetic
 from aicluster.specs.job import JobSpec
 from aicluster.store import open_store
+from aicluster.store.jobfiles import JobFiles
 from aicluster.store.jobs import new_job_values
 from aicluster.store.quotas import QuotaStore
 from aicluster.store.schema import EventRow, JobRow
@@ -386,7 +388,7 @@ def main() -> None:
     preload_s = time.perf_counter() - t
 
     engine = SimEngine(args.nodes)
-    logs = LogStore(home / "logs")
+    logs = SharedLogStore(JobFiles(store), home / "logs")  # the server's: in the state store
     ctrl = Controller(
         store, engine, logs, home / "workdirs", home, policy="fair", quotas=QuotaStore(store)
     )

@@ -157,6 +157,41 @@ def test_workers_that_exit_0_end_the_job_succeeded_and_their_logs_are_kept(world
     assert (job_id, 1) in world.engine.stopped and not world.engine.running_gangs()
 
 
+def test_a_running_ranks_log_end_is_read_from_the_store_once_not_every_tick(world):
+    """At scale a tick must not ask the log store where each running rank's log ends
+    (a query each, on the server's store); the loop keeps it (starting at 0 for an
+    attempt it launched, read once for one it adopted), and a kept end that fell
+    behind (bytes stored meanwhile by someone else) only costs a re-pull, never a gap or
+    a byte twice."""
+    asked = []
+    offset = world.logs.offset
+
+    def counted(*key):
+        asked.append(key)
+        return offset(*key)
+
+    world.logs.offset = counted
+    job_id = world.submit(workers=2, resources={"gpus": 2})
+    world.run(job_id)
+    for i in range(5):
+        world.engine.write(job_id, 0, f"step {i}\n".encode())
+        world.tick()
+    # rank 1 printed nothing: a new attempt's log is empty, its end never asked (rank 0's
+    # appends ask the file store themselves)
+    assert asked.count((job_id, 1, 1)) == 0
+    world.ctrl.close()
+    world.ctrl = world.controller()  # the next leader reads where each log ends, once
+    for _ in range(3):
+        world.tick()
+    assert asked.count((job_id, 1, 1)) == 1
+    world.logs.append(job_id, 1, 1, b"from another leader\n", at=0)  # the kept end lags
+    world.engine.write(job_id, 1, b"from another leader\nmore\n")
+    world.tick()
+    world.tick()
+    assert world.logs.read(job_id, 1, 0) == b"".join(f"step {i}\n".encode() for i in range(5))
+    assert world.logs.read(job_id, 1, 1) == b"from another leader\nmore\n"
+
+
 ENV = {"pip": ["numpy==2.1.0"]}
 
 

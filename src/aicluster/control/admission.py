@@ -237,6 +237,8 @@ class Admission:
             self._end_attempt(rec, Reason.LAUNCH_FAILED, f"cannot prepare the launch: {exc}")
             return
         admitted.append(rec)  # its nodes are taken for the tick's next cycle
+        for rank in range(len(rec.placement or ())):  # a new attempt's logs are empty
+            self.log_ends[(rec.id, attempt, rank)] = 0
         fut = self.pool.submit(self.engine.launch, req)
         fut.add_done_callback(lambda _f: self.notify())
         self.launching[rec.id] = fut

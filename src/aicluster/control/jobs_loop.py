@@ -124,6 +124,8 @@ class Controller(Admission):
         self.sources: list[WorkloadSource] = []
         self.last_gc = 0.0
         self.pending = PendingJobs(store)  # kept across ticks: read what changed only
+        # (job id, attempt, rank) -> where its log ends (pull_logs), for active jobs
+        self.log_ends: dict[tuple[str, int, int], int] = {}
         self.active = ActiveJobs(store)  # the same, for the ADMITTED and RUNNING jobs
         self.adopt_retry_s = ADOPT_RETRY_S
         # the active jobs' starts and successes of this tick, written after them all
@@ -143,6 +145,7 @@ class Controller(Admission):
         self.last_gc = 0.0
         self.pending.reset()
         self.active.reset()
+        self.log_ends = {}  # another leader may have pulled meanwhile: read them again
         self.moves = TransitionBatch()  # nothing decided by an earlier term is written
 
     # -- the loop -------------------------------------------------------------------
@@ -174,6 +177,9 @@ class Controller(Admission):
                 self._reconcile(job)
             except Exception:
                 log.exception("reconciling %s", job.id)
+        if len(self.log_ends) > 2 * sum(len(j.placement or ()) for j in active) + 64:
+            ids = {j.id for j in active}
+            self.log_ends = {k: v for k, v in self.log_ends.items() if k[0] in ids}
         try:  # a few transactions for all; each gang that succeeded is stopped after
             self.moves.apply(self.store)
         except Exception:
@@ -387,13 +393,28 @@ class Controller(Admission):
         self.engine.stop(job.id, job.attempt, workers)
 
     def pull_logs(self, job: JobRecord):
-        """Append every new log byte of the current attempt; return the worker states."""
+        """Append every new log byte of the current attempt; return the worker states.
+
+        Where each rank's log ends is kept (`log_ends`) once read from the log store:
+        a tick must not ask the store for the end of every running rank's log. Only the
+        leader's loop appends to an active job's logs, so the kept end is the log's, or
+        behind it if a write was lost: a pull from behind the end gets bytes the log has,
+        which `append` drops, and the kept end catches up."""
         n = len(job.placement or [])
+        ends = self.log_ends
         while True:
-            offsets = [self.logs.offset(job.id, job.attempt, r) for r in range(n)]
+            offsets = []
+            for r in range(n):
+                key = (job.id, job.attempt, r)
+                end = ends.get(key)
+                if end is None:
+                    end = ends[key] = self.logs.offset(job.id, job.attempt, r)
+                offsets.append(end)
             states = self.engine.status(job.id, job.attempt, offsets)
             for s in states:
-                self.logs.append(job.id, job.attempt, s.rank, s.log, at=offsets[s.rank])
+                if s.log:
+                    self.logs.append(job.id, job.attempt, s.rank, s.log, at=offsets[s.rank])
+                    ends[(job.id, job.attempt, s.rank)] = offsets[s.rank] + len(s.log)
             if not any(len(s.log) >= (1 << 20) for s in states):
                 return states
 
