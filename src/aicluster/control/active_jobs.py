@@ -50,11 +50,7 @@ class ActiveJobs:
         kept = self._jobs
         changed = {job for _, job, kind in events if job in kept or kind == "JobTransition"}
         if self.clock() - self._full_at >= self.resync_s:
-            stored = self.store.job_versions(*ACTIVE)
-            changed.update(
-                i for i, at in stored.items() if (j := kept.get(i)) is None or j.updated_at != at
-            )
-            changed.update(i for i in kept if i not in stored)
+            changed |= differing(kept, self.store.job_versions(*ACTIVE))
             self._full_at = self.clock()
         for job_id in changed:
             kept.pop(job_id, None)
@@ -78,3 +74,12 @@ class ActiveJobs:
                 hit = views[j.id] = (j, job_workload(j))
             out.append(hit[1])
         return out
+
+
+def differing(kept: dict[str, JobRecord], stored: dict[str, float]) -> set[str]:
+    """The ids that a cache's `kept` jobs and the store's `stored` versions (id ->
+    updated_at, Store.job_versions) disagree on: missing on either side, or another
+    updated_at (every write to a job sets it)."""
+    out = {i for i, at in stored.items() if (j := kept.get(i)) is None or j.updated_at != at}
+    out.update(i for i in kept if i not in stored)
+    return out

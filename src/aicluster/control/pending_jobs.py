@@ -23,6 +23,7 @@ import time
 from bisect import bisect_left, insort
 from operator import attrgetter
 
+from aicluster.control.active_jobs import differing
 from aicluster.control.snapshot import WorkloadView, job_workload
 from aicluster.core.lifecycle import JobStatus
 from aicluster.store.jobs import JobRecord
@@ -154,11 +155,7 @@ class PendingJobs:
         on: missing on either side, or with another updated_at. Read after the events
         were: a change made meanwhile is read again by the next refresh (its event is
         past the mark), so the cache is never left behind by this check."""
-        stored = self.store.job_versions(JobStatus.PENDING)
-        kept = self._jobs
-        out = {i for i, at in stored.items() if (j := kept.get(i)) is None or j.updated_at != at}
-        out.update(i for i in kept if i not in stored)
-        return out
+        return differing(self._jobs, self.store.job_versions(JobStatus.PENDING))
 
     def _own_waits(self, events: list[tuple[int, str]]) -> set[str]:
         """Apply the waits this loop wrote to the jobs whose only events they are; the
