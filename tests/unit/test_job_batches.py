@@ -360,3 +360,45 @@ def test_the_active_jobs_safety_net_repairs_a_change_made_without_an_event(store
     clock[0] = 60.0
     assert active.refresh() == store.list_jobs(statuses=[A, R], limit=None)
     assert len(active.jobs()) == 2
+
+
+class Failing(Reads):
+    """The real store, whose next `get_jobs` fails (it restarts between two reads)."""
+
+    fail = False
+
+    def get_jobs(self, ids):
+        if self.fail:
+            self.fail = False
+            raise ConnectionError("the state store restarted")
+        return super().get_jobs(ids)
+
+
+@pytest.mark.parametrize("cache", ["pending", "active"])
+def test_a_refresh_that_fails_halfway_loses_nothing(store, cache):
+    """The store fails between reading the events and reading the jobs they name: the
+    cache keeps what it had and its mark, and the next refresh catches up (a job dropped
+    with the mark moved on would never be read again but by the 60 s safety net: an
+    active job unreconciled for that long)."""
+    reads = Failing(store)
+    kept = PendingJobs(reads, resync_s=1e9) if cache == "pending" else ActiveJobs(reads, 1e9)
+    jobs = _jobs(store, 4)
+    store.transitions([_admit(j) for j in jobs[:2]])
+
+    def full():
+        statuses = [P] if cache == "pending" else [A, R]
+        return store.list_jobs(statuses=statuses, limit=None)
+
+    def now():
+        kept.refresh()
+        return kept.jobs()
+
+    assert now() == full()
+    store.transition(jobs[0].id, A, R, Reason.STARTED)  # active: one moves on
+    store.transitions([_admit(jobs[2])])  # pending: one leaves
+    before = kept.jobs()
+    reads.fail = True
+    with pytest.raises(ConnectionError):
+        kept.refresh()
+    assert kept.jobs() == before  # as it was, nothing dropped
+    assert now() == full()

@@ -46,15 +46,21 @@ class ActiveJobs:
             self._jobs = {j.id: j for j in self.store.list_jobs(statuses=ACTIVE, limit=None)}
             self._mark, self._full_at = mark, self.clock()
             return self.jobs()
-        events, self._mark = self.store.job_events_since(self._mark, with_type=True)
+        # The mark moves, and jobs leave, only once every read has answered: a store that
+        # fails halfway (it restarts) leaves them as they were, to be read again.
+        events, mark = self.store.job_events_since(self._mark, with_type=True)
         kept = self._jobs
         changed = {job for _, job, kind in events if job in kept or kind == "JobTransition"}
-        if self.clock() - self._full_at >= self.resync_s:
+        resync = self.clock() - self._full_at >= self.resync_s
+        if resync:
             changed |= differing(kept, self.store.job_versions(*ACTIVE))
+        fresh = self.store.get_jobs(changed)
+        self._mark = mark
+        if resync:
             self._full_at = self.clock()
         for job_id in changed:
             kept.pop(job_id, None)
-        for j in self.store.get_jobs(changed):
+        for j in fresh:
             if j.status in ACTIVE:
                 kept[j.id] = j
         if len(self._views) > 2 * len(kept):

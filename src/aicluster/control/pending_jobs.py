@@ -85,14 +85,21 @@ class PendingJobs:
             self._mark, self._full_at = mark, self.clock()
             self.written.clear()  # written before the mark: in what was just read
             return
-        events, self._mark = self.store.job_events_since(self._mark)
+        # The mark moves, and jobs leave, only once every read has answered: a store that
+        # fails halfway (it restarts) leaves them as they were, to be read again. (The
+        # loop's own waits are applied first: they are committed whatever happens next.)
+        events, mark = self.store.job_events_since(self._mark)
         changed = self._own_waits(events)
-        if self.clock() - self._full_at >= self.resync_s:
+        resync = self.clock() - self._full_at >= self.resync_s
+        if resync:
             changed |= self._differing()
+        fresh = self.store.get_jobs(changed)
+        self._mark = mark
+        if resync:
             self._full_at = self.clock()
         for gone in changed:
             self.drop(gone)
-        for j in self.store.get_jobs(changed):
+        for j in fresh:
             if j.status == pending:
                 self._add(j)
 
