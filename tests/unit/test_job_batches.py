@@ -402,3 +402,34 @@ def test_a_refresh_that_fails_halfway_loses_nothing(store, cache):
         kept.refresh()
     assert kept.jobs() == before  # as it was, nothing dropped
     assert now() == full()
+
+
+@pytest.mark.parametrize("cache", ["pending", "active"])
+def test_a_store_that_lost_its_last_commits_is_read_whole_again(store, cache):
+    """A database that crashes with asynchronous commits loses its newest commits and
+    hands their event ids out again: events past the cache's mark would never be read.
+    The newest event the cache read has gone, so it reads everything again (`rewound`)."""
+    from sqlalchemy import text
+
+    kept = PendingJobs(store, resync_s=1e9) if cache == "pending" else ActiveJobs(store, 1e9)
+    jobs = _jobs(store, 4)
+    store.transitions([_admit(j) for j in jobs[:2]])
+    statuses = [P] if cache == "pending" else [A, R]
+    kept.refresh()
+    with store.engine.begin() as conn:
+        top = conn.scalar(text("SELECT max(id) FROM events"))
+    store.transition(jobs[0].id, A, R, Reason.STARTED)  # read, then lost in the crash
+    store.transitions([_admit(jobs[2])])
+    kept.refresh()
+    with store.engine.begin() as conn:  # the crash: the last commits are gone
+        conn.execute(text("DELETE FROM events WHERE id > :t"), {"t": top})
+        conn.execute(text("UPDATE jobs SET status = 'ADMITTED' WHERE id = :i"), {"i": jobs[0].id})
+        conn.execute(text("UPDATE jobs SET status = 'PENDING' WHERE id = :i"), {"i": jobs[2].id})
+        if conn.dialect.name == "postgresql":  # the sequence goes back as well
+            conn.execute(text("SELECT setval('events_id_seq', :t)"), {"t": top})
+    store.transitions([_admit(jobs[3])])  # after the restart: an id the cache read before
+    kept.refresh()
+    assert kept.rewound
+    assert kept.jobs() == store.list_jobs(statuses=statuses, limit=None)
+    kept.refresh()
+    assert not kept.rewound

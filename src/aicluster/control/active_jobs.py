@@ -5,6 +5,10 @@ write to a job writes its event in the same transaction): the jobs kept that hav
 event since, and the jobs with a transition since (the only way into ADMITTED or
 RUNNING). So a tick costs what changed, not every running job.
 
+A store that lost commits the cache had read (a database crash with asynchronous commits)
+is noticed by the newest event read having gone: the cache is then read whole again, and
+`rewound` says so (the loop then forgets what it keeps beside it: control.jobs_loop).
+
 Invariants: after `refresh`, `jobs()` answers exactly the jobs that were ADMITTED or
 RUNNING at a moment no older than its start, each as read then, newest first like
 `Store.list_jobs(limit=None)`. A full read happens on the first refresh and after `reset`
@@ -35,12 +39,15 @@ class ActiveJobs:
         self._views: dict[str, tuple[JobRecord, WorkloadView]] = {}
         self._mark: int | None = None
         self._full_at = float("-inf")
+        self._anchor: tuple[int, str] | None = None  # the newest event read: (id, job id)
+        self.rewound = False  # the last refresh found the store had lost events it read
 
     def reset(self) -> None:
-        self._mark = None
+        self._mark, self._anchor = None, None
 
     def refresh(self) -> list[JobRecord]:
         """Bring the kept jobs up to date; `jobs()`."""
+        self.rewound = rewound(self)
         if self._mark is None:
             mark = self.store.event_mark()  # before the read: later changes are re-read
             self._jobs = {j.id: j for j in self.store.list_jobs(statuses=ACTIVE, limit=None)}
@@ -56,6 +63,8 @@ class ActiveJobs:
             changed |= differing(kept, self.store.job_versions(*ACTIVE))
         fresh = self.store.get_jobs(changed)
         self._mark = mark
+        if events:
+            self._anchor = tuple(events[-1][:2])
         if resync:
             self._full_at = self.clock()
         for job_id in changed:
@@ -89,3 +98,14 @@ def differing(kept: dict[str, JobRecord], stored: dict[str, float]) -> set[str]:
     out = {i for i, at in stored.items() if (j := kept.get(i)) is None or j.updated_at != at}
     out.update(i for i in kept if i not in stored)
     return out
+
+
+def rewound(cache) -> bool:
+    """Whether the store lost the newest event `cache` read (a database that crashed with
+    asynchronous commits loses its last commits and hands their ids out again, so events
+    past the mark would never be seen): then the cache is reset, to be read whole."""
+    anchor = cache._anchor
+    if cache._mark is None or anchor is None or cache.store.has_event(*anchor):
+        return False
+    cache.reset()
+    return True

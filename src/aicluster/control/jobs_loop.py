@@ -170,6 +170,9 @@ class Controller(Admission):
             except Exception:
                 log.exception("reconciling %s", type(source).__name__)
         active = self.active.refresh()
+        if self.active.rewound:  # the store lost commits: what the loop keeps may be ahead
+            self.pending.reset()
+            self.log_ends = {}
         for gone in self.last_heard.keys() - {j.id for j in active}:  # ended, cancelled
             del self.last_heard[gone]
         for job in active:

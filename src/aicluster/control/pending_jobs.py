@@ -23,7 +23,7 @@ import time
 from bisect import bisect_left, insort
 from operator import attrgetter
 
-from aicluster.control.active_jobs import differing
+from aicluster.control.active_jobs import differing, rewound
 from aicluster.control.snapshot import WorkloadView, job_workload
 from aicluster.core.lifecycle import JobStatus
 from aicluster.store.jobs import JobRecord
@@ -65,13 +65,16 @@ class PendingJobs:
         # event id -> (job id, message, kind, updated_at): the waits this loop wrote
         self.written: dict[int, tuple] = {}
         self.unsettled: set[str] = set()
+        self._anchor: tuple[int, str] | None = None  # the newest event read: (id, job id)
+        self.rewound = False  # the last refresh found the store had lost events it read
 
     def reset(self) -> None:
-        self._mark = None
+        self._mark, self._anchor = None, None
 
     def refresh(self) -> None:
         """Bring the kept jobs and the queues up to date (see the class docstring)."""
         pending = JobStatus.PENDING
+        self.rewound = rewound(self)
         if self._mark is None:
             mark = self.store.event_mark()  # before the read: later changes are re-read
             jobs = self.store.list_jobs(statuses=[pending], limit=None)
@@ -95,6 +98,8 @@ class PendingJobs:
             changed |= self._differing()
         fresh = self.store.get_jobs(changed)
         self._mark = mark
+        if events:
+            self._anchor = tuple(events[-1][:2])
         if resync:
             self._full_at = self.clock()
         for gone in changed:

@@ -142,6 +142,14 @@ class JobWrites:
             changed += len(done)
         return changed
 
+    def has_event(self, event_id: int, object_id: str) -> bool:
+        """Whether the event `event_id` of `object_id` is in the log: a cache that read it
+        asks, to learn whether the store lost its newest commits (a database that crashed
+        with asynchronous commits hands the same ids out again)."""
+        q = select(EventRow.id).where(EventRow.id == event_id, EventRow.object_id == object_id)
+        with self._session() as s:
+            return s.scalar(q) is not None
+
     def job_events_since(self, after: int, with_type: bool = False) -> tuple[list[tuple], int]:
         """(event id, job id) of every job event after event id `after`, in order, and
         the event id to pass next time (never past the event horizon: none is missed).
