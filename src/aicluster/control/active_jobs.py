@@ -53,20 +53,10 @@ class ActiveJobs:
             self._jobs = {j.id: j for j in self.store.list_jobs(statuses=ACTIVE, limit=None)}
             self._mark, self._full_at = mark, self.clock()
             return self.jobs()
-        # The mark moves, and jobs leave, only once every read has answered: a store that
-        # fails halfway (it restarts) leaves them as they were, to be read again.
         events, mark = self.store.job_events_since(self._mark, with_type=True)
         kept = self._jobs
         changed = {job for _, job, kind in events if job in kept or kind == "JobTransition"}
-        resync = self.clock() - self._full_at >= self.resync_s
-        if resync:
-            changed |= differing(kept, self.store.job_versions(*ACTIVE))
-        fresh = self.store.get_jobs(changed)
-        self._mark = mark
-        if events:
-            self._anchor = tuple(events[-1][:2])
-        if resync:
-            self._full_at = self.clock()
+        fresh = read_changed(self, events, mark, changed, ACTIVE)
         for job_id in changed:
             kept.pop(job_id, None)
         for j in fresh:
@@ -109,3 +99,21 @@ def rewound(cache) -> bool:
         return False
     cache.reset()
     return True
+
+
+def read_changed(cache, events: list, mark: int, changed: set[str], statuses) -> list:
+    """The jobs that `changed` names, read (with, every `resync_s`, those the safety net
+    finds differing, added to `changed`); only once every read has answered do the cache's
+    mark, newest event and resync time move, so a store that fails halfway (it restarts)
+    leaves the cache as it was, to be read again. The cache then drops `changed` and keeps
+    what was read that is still in its statuses."""
+    resync = cache.clock() - cache._full_at >= cache.resync_s
+    if resync:
+        changed |= differing(cache._jobs, cache.store.job_versions(*statuses))
+    fresh = cache.store.get_jobs(changed)
+    cache._mark = mark
+    if events:
+        cache._anchor = tuple(events[-1][:2])
+    if resync:
+        cache._full_at = cache.clock()
+    return fresh

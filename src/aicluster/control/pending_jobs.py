@@ -23,7 +23,7 @@ import time
 from bisect import bisect_left, insort
 from operator import attrgetter
 
-from aicluster.control.active_jobs import differing, rewound
+from aicluster.control.active_jobs import read_changed, rewound
 from aicluster.control.snapshot import WorkloadView, job_workload
 from aicluster.core.lifecycle import JobStatus
 from aicluster.store.jobs import JobRecord
@@ -88,20 +88,10 @@ class PendingJobs:
             self._mark, self._full_at = mark, self.clock()
             self.written.clear()  # written before the mark: in what was just read
             return
-        # The mark moves, and jobs leave, only once every read has answered: a store that
-        # fails halfway (it restarts) leaves them as they were, to be read again. (The
-        # loop's own waits are applied first: they are committed whatever happens next.)
+        # (The loop's own waits are applied first: committed, whatever happens next.)
         events, mark = self.store.job_events_since(self._mark)
         changed = self._own_waits(events)
-        resync = self.clock() - self._full_at >= self.resync_s
-        if resync:
-            changed |= self._differing()
-        fresh = self.store.get_jobs(changed)
-        self._mark = mark
-        if events:
-            self._anchor = tuple(events[-1][:2])
-        if resync:
-            self._full_at = self.clock()
+        fresh = read_changed(self, events, mark, changed, (pending,))
         for gone in changed:
             self.drop(gone)
         for j in fresh:
@@ -161,13 +151,6 @@ class PendingJobs:
         d = self.depth
         if len(q) > d and q[d] > key:  # it came in ahead: the window's last is now tail
             self.unsettled.add(q[d][2])
-
-    def _differing(self) -> set[str]:
-        """The ids of the jobs that the kept ones and the store's PENDING ones disagree
-        on: missing on either side, or with another updated_at. Read after the events
-        were: a change made meanwhile is read again by the next refresh (its event is
-        past the mark), so the cache is never left behind by this check."""
-        return differing(self._jobs, self.store.job_versions(JobStatus.PENDING))
 
     def _own_waits(self, events: list[tuple[int, str]]) -> set[str]:
         """Apply the waits this loop wrote to the jobs whose only events they are; the
