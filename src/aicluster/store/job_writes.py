@@ -114,7 +114,7 @@ class JobWrites:
         """`set_wait_message` for many (job id, message, kind) at once, a few hundred per
         transaction (one commit each, not one per job); how many changed. `written`, when
         given, gets event id -> (job id, message, kind, updated_at) for each wait written,
-        once its transaction has committed (control.snapshot.PendingJobs: what it wrote
+        once its transaction has committed (control.pending_jobs.PendingJobs: what it wrote
         itself needs no read)."""
         changed = 0
         for i in range(0, len(waits), 500):
