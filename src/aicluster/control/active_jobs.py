@@ -32,12 +32,15 @@ ACTIVE = (JobStatus.ADMITTED, JobStatus.RUNNING)
 _SEQ = attrgetter("seq")
 
 
-class ActiveJobs:
+class JobCache:
+    """What the pending and the active jobs' caches share: the mark into the event log,
+    the newest event read, the safety net's clock, and reading what changed."""
+
     def __init__(self, store, resync_s: float = 60.0, clock=time.monotonic):
         self.store, self.resync_s, self.clock = store, resync_s, clock
         self._jobs: dict[str, JobRecord] = {}
         self._views: dict[str, tuple[JobRecord, WorkloadView]] = {}
-        self._mark: int | None = None
+        self._mark: int | None = None  # event id the cache is current to
         self._full_at = float("-inf")
         self._anchor: tuple[int, str] | None = None  # the newest event read: (id, job id)
         self.rewound = False  # the last refresh found the store had lost events it read
@@ -45,18 +48,57 @@ class ActiveJobs:
     def reset(self) -> None:
         self._mark, self._anchor = None, None
 
+    def jobs(self) -> list[JobRecord]:
+        """The kept jobs, newest first (as Store.list_jobs)."""
+        return sorted(self._jobs.values(), key=_SEQ, reverse=True)
+
+    def _check_rewound(self) -> None:
+        """Whether the store lost the newest event read (a database that crashed with
+        asynchronous commits loses its last commits and hands their ids out again, so
+        events past the mark would never be seen): then reset, to be read whole."""
+        anchor = self._anchor
+        self.rewound = (
+            self._mark is not None and anchor is not None and not self.store.has_event(*anchor)
+        )
+        if self.rewound:
+            self.reset()
+
+    def _read_changed(self, events: list, mark: int, changed: set[str], statuses) -> list:
+        """The jobs that `changed` names, read (with, every `resync_s`, those the safety
+        net finds differing, added to `changed`); only once every read has answered do the
+        mark, newest event and resync time move, so a store that fails halfway (it
+        restarts) leaves the cache as it was, to be read again. The caller then drops
+        `changed` and keeps what was read that is still in its statuses."""
+        resync = self.clock() - self._full_at >= self.resync_s
+        if resync:
+            changed |= differing(self._jobs, self.store.job_versions(*statuses))
+        fresh = self.store.get_jobs(changed)
+        self._mark = mark
+        if events:
+            self._anchor = tuple(events[-1][:2])
+        if resync:
+            self._full_at = self.clock()
+        return fresh
+
+
+class ActiveJobs(JobCache):
     def refresh(self) -> list[JobRecord]:
-        """Bring the kept jobs up to date; `jobs()`."""
-        self.rewound = rewound(self)
+        """`update`, then `jobs()`."""
+        self.update()
+        return self.jobs()
+
+    def update(self) -> None:
+        """Bring the kept jobs up to date."""
+        self._check_rewound()
         if self._mark is None:
             mark = self.store.event_mark()  # before the read: later changes are re-read
             self._jobs = {j.id: j for j in self.store.list_jobs(statuses=ACTIVE, limit=None)}
             self._mark, self._full_at = mark, self.clock()
-            return self.jobs()
+            return
         events, mark = self.store.job_events_since(self._mark, with_type=True)
         kept = self._jobs
         changed = {job for _, job, kind in events if job in kept or kind == "JobTransition"}
-        fresh = read_changed(self, events, mark, changed, ACTIVE)
+        fresh = self._read_changed(events, mark, changed, ACTIVE)
         for job_id in changed:
             kept.pop(job_id, None)
         for j in fresh:
@@ -64,11 +106,6 @@ class ActiveJobs:
                 kept[j.id] = j
         if len(self._views) > 2 * len(kept):
             self._views = {i: v for i, v in self._views.items() if i in kept}
-        return self.jobs()
-
-    def jobs(self) -> list[JobRecord]:
-        """The kept jobs, newest first (as Store.list_jobs)."""
-        return sorted(self._jobs.values(), key=_SEQ, reverse=True)
 
     def views(self) -> list[WorkloadView]:
         """`job_workload` of every kept job, reused while its record is the same."""
@@ -88,32 +125,3 @@ def differing(kept: dict[str, JobRecord], stored: dict[str, float]) -> set[str]:
     out = {i for i, at in stored.items() if (j := kept.get(i)) is None or j.updated_at != at}
     out.update(i for i in kept if i not in stored)
     return out
-
-
-def rewound(cache) -> bool:
-    """Whether the store lost the newest event `cache` read (a database that crashed with
-    asynchronous commits loses its last commits and hands their ids out again, so events
-    past the mark would never be seen): then the cache is reset, to be read whole."""
-    anchor = cache._anchor
-    if cache._mark is None or anchor is None or cache.store.has_event(*anchor):
-        return False
-    cache.reset()
-    return True
-
-
-def read_changed(cache, events: list, mark: int, changed: set[str], statuses) -> list:
-    """The jobs that `changed` names, read (with, every `resync_s`, those the safety net
-    finds differing, added to `changed`); only once every read has answered do the cache's
-    mark, newest event and resync time move, so a store that fails halfway (it restarts)
-    leaves the cache as it was, to be read again. The cache then drops `changed` and keeps
-    what was read that is still in its statuses."""
-    resync = cache.clock() - cache._full_at >= cache.resync_s
-    if resync:
-        changed |= differing(cache._jobs, cache.store.job_versions(*statuses))
-    fresh = cache.store.get_jobs(changed)
-    cache._mark = mark
-    if events:
-        cache._anchor = tuple(events[-1][:2])
-    if resync:
-        cache._full_at = cache.clock()
-    return fresh

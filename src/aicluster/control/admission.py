@@ -81,7 +81,7 @@ class Admission:
         comes at once), as the simulator does (sim.replay). The jobs past the windows get
         the one wait that says so, written once."""
         self.pending.refresh()  # every PENDING job, read only where it changed
-        self.active.refresh()  # the same for the active ones
+        self.active.update()  # the same for the active ones
         active_views = self.active.views()
         active_used = allocations(active_views)  # the jobs' at the start of the tick
         admitted_views: list = []  # the jobs this tick's cycles admitted

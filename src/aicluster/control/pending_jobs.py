@@ -21,14 +21,11 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left, insort
-from operator import attrgetter
 
-from aicluster.control.active_jobs import read_changed, rewound
+from aicluster.control.active_jobs import JobCache
 from aicluster.control.snapshot import WorkloadView, job_workload
 from aicluster.core.lifecycle import JobStatus
 from aicluster.store.jobs import JobRecord
-
-_SEQ = attrgetter("seq")
 
 
 def queue_key(job: JobRecord) -> tuple[int, float, str]:
@@ -36,7 +33,7 @@ def queue_key(job: JobRecord) -> tuple[int, float, str]:
     return (-job.priority, job.created_at, job.id)
 
 
-class PendingJobs:
+class PendingJobs(JobCache):
     """The PENDING jobs, kept across ticks and brought up to date from the event log:
     each refresh reads only the jobs that changed since the last one (every write to a job
     writes its event in the same transaction: store.jobs.jobs_changed_since), so a tick
@@ -55,26 +52,17 @@ class PendingJobs:
     a full read, which had made every 60th second's tick the slowest by far."""
 
     def __init__(self, store, resync_s: float = 60.0, clock=time.monotonic, depth: int = 32):
-        self.store, self.resync_s, self.clock = store, resync_s, clock
+        super().__init__(store, resync_s, clock)
         self.depth = depth  # the window a team's queue is cut to (module docstring)
-        self._jobs: dict[str, JobRecord] = {}
         self._queues: dict[str, list[tuple]] = {}  # team -> queue keys, in order
-        self._views: dict[str, tuple[JobRecord, WorkloadView]] = {}
-        self._mark: int | None = None  # event id the cache is current to
-        self._full_at = float("-inf")
         # event id -> (job id, message, kind, updated_at): the waits this loop wrote
         self.written: dict[int, tuple] = {}
         self.unsettled: set[str] = set()
-        self._anchor: tuple[int, str] | None = None  # the newest event read: (id, job id)
-        self.rewound = False  # the last refresh found the store had lost events it read
-
-    def reset(self) -> None:
-        self._mark, self._anchor = None, None
 
     def refresh(self) -> None:
         """Bring the kept jobs and the queues up to date (see the class docstring)."""
         pending = JobStatus.PENDING
-        self.rewound = rewound(self)
+        self._check_rewound()
         if self._mark is None:
             mark = self.store.event_mark()  # before the read: later changes are re-read
             jobs = self.store.list_jobs(statuses=[pending], limit=None)
@@ -91,16 +79,12 @@ class PendingJobs:
         # (The loop's own waits are applied first: committed, whatever happens next.)
         events, mark = self.store.job_events_since(self._mark)
         changed = self._own_waits(events)
-        fresh = read_changed(self, events, mark, changed, (pending,))
+        fresh = self._read_changed(events, mark, changed, (pending,))
         for gone in changed:
             self.drop(gone)
         for j in fresh:
             if j.status == pending:
                 self._add(j)
-
-    def jobs(self) -> list[JobRecord]:
-        """Every kept job, newest first (as Store.list_jobs)."""
-        return sorted(self._jobs.values(), key=_SEQ, reverse=True)
 
     def by_id(self) -> dict[str, JobRecord]:
         """The kept jobs by id (do not change it)."""
