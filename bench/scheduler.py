@@ -30,8 +30,12 @@ Prints:
      remaining time by the simulator, one shared queue without quotas: a bound no real
      scheduler reaches (sim.oracle);
    - `fair`: the default policy (guarantees, fair borrowing, preemption, LAS order).
+   Every job checkpoints every 30 min, each write stalling it `--checkpoint-write-s` (30 s:
+   our assumption, a few GB to shared storage at ~100 MB/s; the traces hold no model
+   sizes), and a resume costs a 60 s restore (sim.replay.SimConfig).
    Per policy: average / median / p99 JCT, average / p99 / max queueing delay, makespan,
-   utilisation, preemptions, each with its ratio to the baseline; then each team's share of
+   utilisation, preemptions (of them moves, `fair`'s defragmentation), GPU-hours lost to
+   preemption, each with its ratio to the baseline; then each team's share of
    GPU time against its guarantee; fairness across teams (GPUs held / guarantee while a team
    had gangs queued: min, p10, median, and Jain's index, see sim.report); and how long each
    whole replay took.
@@ -106,7 +110,7 @@ def policy_table(
     t.add_column("policy")
     for col, _, is_time, _ in METRICS:
         t.add_column(f"{col} {unit}" if is_time else col, justify="right")
-    for col in ("preempt", "done", "replay s (CPU s)"):
+    for col in ("preempt (moves)", "lost GPU h", "done", "replay s (CPU s)"):
         t.add_column(col, justify="right")
     ref = reports[base]
     for name, r in reports.items():
@@ -117,7 +121,12 @@ def policy_table(
             cells.append(cell if name == base else f"{cell} ({ratio(v, getattr(ref, attr))})")
         done = f"{r.finished}/{r.jobs}" + (f" rej {r.rejected}" if r.rejected else "")
         wall, cpu = times[name]
-        cells += [str(r.preemptions), done, f"{wall:.1f} ({cpu:.1f})"]
+        cells += [
+            f"{r.preemptions} ({r.moves})",
+            f"{r.lost_gpu_h:,.0f}",
+            done,
+            f"{wall:.1f} ({cpu:.1f})",
+        ]
         t.add_row(name, *cells)
     return t
 
@@ -256,6 +265,13 @@ def main() -> None:
         help="backfill-est: runtime limit = duration x U[1, f] per job (f-model)",
     )
     ap.add_argument("--estimate-seed", type=int, default=0)
+    ap.add_argument(
+        "--checkpoint-write-s",
+        type=float,
+        default=30.0,
+        help="seconds each checkpoint (every 30 min) stalls a job while it is written "
+        "(an assumption: the traces hold no model sizes)",
+    )
     ap.add_argument("--cycle-nodes", type=int, default=1000)
     ap.add_argument("--cycle-gangs", type=int, default=10000)
     ap.add_argument("--skip-philly", action="store_true")
@@ -272,9 +288,12 @@ def main() -> None:
         help="philly: only these baselines, comma-separated (default: all)",
     )
     args = ap.parse_args()
-    console = Console(width=200)
-    cfg = SimConfig(runtime_limit_factor=args.limit_factor)
-    est = SimConfig(estimate_f=args.estimate_f, estimate_seed=args.estimate_seed)
+    console = Console(width=250)
+    write = args.checkpoint_write_s
+    cfg = SimConfig(runtime_limit_factor=args.limit_factor, checkpoint_write_s=write)
+    est = SimConfig(
+        estimate_f=args.estimate_f, estimate_seed=args.estimate_seed, checkpoint_write_s=write
+    )
 
     jobs60 = load_60_job(args.traces / "60_job.csv")
     for nodes, label in (
@@ -298,7 +317,8 @@ def main() -> None:
             f"philly.csv Oct-Nov 2017: {len(jobs):,} jobs, {len(vcs)} teams at {args.scale:g} "
             f"of their VC size ({cluster.gpus} GPUs, {where}), runtime limit = {args.limit_factor:g} x "
             f"duration (backfill-est: x U[1, {args.estimate_f:g}] per job, seed "
-            f"{args.estimate_seed}), times in hours"
+            f"{args.estimate_seed}), checkpoint writes {args.checkpoint_write_s:g} s, times "
+            "in hours"
         )
         runs = baseline_runs(cluster, cfg, est, work_conserving=True)
         if args.policies:

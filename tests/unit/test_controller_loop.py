@@ -526,6 +526,38 @@ def test_a_team_reclaiming_its_quota_preempts_a_borrower_without_spending_a_rest
     assert w.job(borrower).attempt == 2, "back when the owner's job ended"
 
 
+def test_a_guaranteed_gang_fragmented_out_is_given_a_node_by_moving_a_job(quota_world):
+    """The borrower's two one-GPU jobs sit on both 2-GPU nodes (within its guarantee
+    of 2, so nothing is borrowed and preemption cannot help); the owner's 2-GPU job
+    needs a whole node. The control plane moves one job to the other node: it stops,
+    starts again at once (attempt 2, no restart spent) and the owner runs."""
+    w = quota_world
+    w.quotas.set(Quota("owner", "gpu", gpus=2))
+    w.quotas.set(Quota("borrower", "gpu", gpus=2))
+    jobs = [w.submit(f"small{i}", team="borrower", resources={"gpus": 1}) for i in range(4)]
+    for job_id in jobs:
+        w.run(job_id)
+    by_node = {}
+    for job_id in jobs:
+        by_node.setdefault(w.job(job_id).placement[0], []).append(job_id)
+    assert sorted(map(len, by_node.values())) == [2, 2]
+    for node_jobs in by_node.values():  # one ends on each node: 1 GPU free on each
+        w.engine.exit(node_jobs[0], 0)
+    w.tick()
+    left = {n: js[1] for n, js in by_node.items()}
+    owner = w.submit("big", team="owner", resources={"gpus": 2})
+    for _ in range(4):
+        w.tick()
+    assert w.job(owner).status == R
+    moved = [j for j in left.values() if w.job(j).attempt == 2]
+    assert len(moved) == 1, "one job moved, the other stayed"
+    job = w.job(moved[0])
+    assert job.status == R and job.restarts == 0
+    assert job.placement[0] != w.job(owner).placement[0]
+    events = [e.message or "" for e in w.store.list_events(object_id=moved[0])]
+    assert any(m.startswith("preempted: moved to other nodes for") for m in events)
+
+
 # -- garbage, cancellation, tokens ------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ TEAMS = ["a", "b", "c"]
 class EveryTurnAsked(FairPolicy):
     """The reference: every turn of the borrowing pass asks `_borrow`."""
 
-    def _borrowing(self, c, deferred, closed) -> None:
+    def _borrowing(self, c, deferred, closed, reclaimer=None) -> None:
         heap = [(c.book.share(t), q[0][0], t) for t, q in deferred.items()]
         heap.sort()
         nxt = dict.fromkeys(deferred, 0)
@@ -34,7 +34,7 @@ class EveryTurnAsked(FairPolicy):
             _, _, team = heappop(heap)
             key, g = deferred[team][nxt[team]]
             nxt[team] += 1
-            self._borrow(c, g, closed)
+            self._borrow(c, g, closed, reclaimer)
             if nxt[team] < len(deferred[team]):
                 heappush(heap, (c.book.share(team), deferred[team][nxt[team]][0], team))
 

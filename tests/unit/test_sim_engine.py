@@ -193,6 +193,35 @@ def test_reclaim_preempts_and_charges_checkpoint_and_restore_cost():
     assert simulate(jobs, cluster, "fifo", cfg).jobs[0].preemptions == 0
 
 
+def test_each_checkpoint_write_stalls_the_job():
+    """Issue 17: a checkpoint was free to write. Every 300 s, 30 s of writing (the
+    checkpoint ends at 300, 600, 900): 1,000 s of work take 1,090 s."""
+    cfg = SimConfig(checkpoint_every_s=300.0, restore_s=60.0, checkpoint_write_s=30.0)
+    res = simulate([TraceJob("j", "t", 0.0, 1000.0, 1)], shared_cluster(1), "fifo", cfg)
+    assert res.jobs[0].finish == 1090.0
+    # one that ends before its first write begins pays nothing
+    res = simulate([TraceJob("j", "t", 0.0, 270.0, 1)], shared_cluster(1), "fifo", cfg)
+    assert res.jobs[0].finish == 270.0
+
+
+def test_a_preempted_job_keeps_its_work_less_the_writes_and_pays_them_again():
+    """The reclaim case above with 30 s writes: at 1,000 s a1's last checkpoint (ending at
+    900 s) holds 900 - 3 x 30 = 810 s of work; it loses 190 s x 8 GPUs; its second
+    attempt (from 1,100 s) runs a 60 s restore and 4,190 s of work with 15 writes."""
+    cluster = SimCluster(build_nodes(1), (Quota("a", "default", 4), Quota("b", "default", 4)))
+    jobs = [TraceJob("a1", "a", 0.0, 5000.0, 8), TraceJob("b1", "b", 1000.0, 100.0, 4)]
+    cfg = SimConfig(checkpoint_every_s=300.0, restore_s=60.0, checkpoint_write_s=30.0)
+    a1, b1 = simulate(jobs, cluster, "fair", cfg).jobs
+    assert b1.finish == 1100.0
+    assert a1.lost_gpu_s == 190.0 * 8
+    assert a1.finish == 1100.0 + 60.0 + 4190.0 + 15 * 30.0
+
+
+def test_a_checkpoint_write_longer_than_its_interval_is_refused():
+    with pytest.raises(ValueError, match="checkpoint_write_s"):
+        SimConfig(checkpoint_every_s=60.0, checkpoint_write_s=60.0)
+
+
 def test_a_job_larger_than_the_cluster_is_rejected_not_waited_for():
     res = simulate([TraceJob("j", "t", 0.0, 10.0, 64)], shared_cluster(2), "fair")
     rep = summarise(res)

@@ -241,10 +241,13 @@ class Wait(NamedTuple):
 
 @dataclass(frozen=True)
 class Preempt:
-    """Stop running workload `workload_id` (it returns to the queue); `reason` says for whom."""
+    """Stop running workload `workload_id` (it returns to the queue); `reason` says for whom.
+    `move`: it is stopped only to start again elsewhere at once (defragmentation, see
+    `core.policies.defrag`), its room on other nodes kept for it."""
 
     workload_id: str
     reason: str
+    move: bool = False
 
 
 Decision = Admit | Wait | Preempt

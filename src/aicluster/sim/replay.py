@@ -3,12 +3,15 @@
 Time jumps from event to event (a job arrives, a job finishes); after each batch of
 events, when gangs are pending, the simulator builds a `Snapshot` exactly as the
 control plane would and applies the decisions of the same `plan_cycle`:
-- Admit: the gang starts on the given nodes and finishes `remaining` seconds later
-  (plus `restore_s` when it resumes from a checkpoint);
-- Preempt: the gang stops now; the work since its last checkpoint (every
-  `checkpoint_every_s` from its start) is lost, the rest is kept; it is queued again,
-  with its GPU-seconds so far as attained service; a new cycle runs at once; the
-  finish event of the stopped attempt is stale and wakes nobody (no cycle runs for it);
+- Admit: the gang starts on the given nodes and finishes `remaining` seconds of work
+  later, plus `restore_s` when it resumes from a checkpoint and `checkpoint_write_s`
+  for each checkpoint it writes on the way (`write_seconds`);
+- Preempt: the gang stops now; the work since its last checkpoint (one is written every
+  `checkpoint_every_s` from its start, each taking `checkpoint_write_s` during which
+  the job makes no progress) is lost, the rest is kept; it is queued again, with its
+  GPU-seconds so far as attained service; a new cycle runs at once; the finish event of
+  the stopped attempt is stale and wakes nobody (no cycle runs for it). A Preempt that
+  is a move (`Preempt.move`, defragmentation) is counted apart (`JobRecord.moves`);
 - Wait with never_fits: the job is rejected (it would wait forever) and reported.
 
 Like a real scheduler's queue depth, the policy sees at most `queue_depth` pending gangs
@@ -53,6 +56,9 @@ NEVER_FITS = WaitKind.NEVER_FITS
 class SimConfig:
     checkpoint_every_s: float | None = 1800.0
     restore_s: float = 60.0
+    # seconds each checkpoint takes to write, the job making no progress meanwhile (a
+    # synchronous save); 0 here, the benchmark charges it (bench/scheduler.py)
+    checkpoint_write_s: float = 0.0
     queue_depth: int = 32
     min_interval_s: float = 0.0  # a cycle at most this often (0: after every event batch)
     runtime_limit_factor: float | None = None  # runtime limit = duration x factor
@@ -60,6 +66,13 @@ class SimConfig:
     # after Mu'alem & Feitelson's f-model); when set, it replaces runtime_limit_factor
     estimate_f: float | None = None
     estimate_seed: int = 0
+
+    def __post_init__(self) -> None:
+        every, write = self.checkpoint_every_s, self.checkpoint_write_s
+        if write < 0 or (every and write >= every):
+            raise ValueError(
+                f"checkpoint_write_s must be >= 0 and below checkpoint_every_s, got {write}"
+            )
 
 
 @dataclass
@@ -72,7 +85,8 @@ class JobRecord:
     first_start: float | None = None
     finish: float | None = None
     rejected: str | None = None
-    preemptions: int = 0
+    preemptions: int = 0  # moves included
+    moves: int = 0  # preemptions that moved it to defragment (Preempt.move)
     lost_gpu_s: float = 0.0
     resume: bool = False  # pays restore_s when it next starts
     version: int = 0
@@ -89,6 +103,36 @@ class SimResult:
     queued_by_team: dict[str, tuple[float, float]] = field(default_factory=dict)
     unfinished: int = 0
     loops: int = 0  # instants where the policy went round in a loop (`_Sim.plan`)
+
+
+def write_seconds(work: float, restore: float, cfg: SimConfig) -> float:
+    """Wall seconds an attempt spends writing checkpoints on its way to `work` seconds of
+    work after a `restore` (so it takes restore + work + this): each checkpoint (every
+    `checkpoint_every_s` from the start, ending then) pauses the work for
+    `checkpoint_write_s` before it; one whose write would begin after the work is done
+    is not written."""
+    every, write = cfg.checkpoint_every_s, cfg.checkpoint_write_s
+    if not every or write <= 0:
+        return 0.0
+    k = 0
+    while True:  # the checkpoints whose write begins before the work is done
+        wall = restore + work + k * write
+        begun = int((wall + write) // every)
+        if (wall + write) % every == 0:
+            begun -= 1
+        if begun <= k:
+            return k * write
+        k = begun
+
+
+def work_saved(at: float, restore: float, cfg: SimConfig) -> float:
+    """Seconds of work a checkpoint ending `at` seconds into an attempt holds (0 for
+    none): the time since the start, less the restore and every write up to it."""
+    if at <= 0:
+        return 0.0
+    every, write = cfg.checkpoint_every_s, cfg.checkpoint_write_s
+    writes = round(at / every) if every and write > 0 else 0
+    return max(0.0, at - restore - writes * write)
 
 
 class _Sim:
@@ -137,7 +181,8 @@ class _Sim:
         """Seconds of running `workload_id` still needs at `clock` (restore included): what
         only an oracle knows; given to a policy that asks for it (see `simulate`)."""
         rec = self.records[self.index[workload_id]]
-        left = rec.remaining + (self.cfg.restore_s if rec.resume else 0.0)
+        restore = self.cfg.restore_s if rec.resume else 0.0
+        left = rec.remaining + restore + write_seconds(rec.remaining, restore, self.cfg)
         run = self.running.get(workload_id)
         if run is not None:
             left -= clock - run[0].started_at
@@ -219,7 +264,8 @@ class _Sim:
         self.runs[rec.gang.workload_id] = run
         if rec.first_start is None:
             rec.first_start = now
-        end = now + rec.remaining + (self.cfg.restore_s if rec.resume else 0.0)
+        restore = self.cfg.restore_s if rec.resume else 0.0
+        end = now + rec.remaining + restore + write_seconds(rec.remaining, restore, self.cfg)
         heapq.heappush(self.finishes, (end, i, rec.version))
 
     def stop(self, i: int, now: float) -> RunningWorkload:
@@ -231,11 +277,12 @@ class _Sim:
         self.gpu_s[rec.job.team] += (now - run.started_at) * run.gang.total.gpus
         return run
 
-    def preempt(self, i: int, now: float) -> None:
+    def preempt(self, i: int, now: float, move: bool = False) -> None:
         rec = self.records[i]
+        rec.moves += move
         run = self.stop(i, now)
         restore = self.cfg.restore_s if rec.resume else 0.0
-        saved = max(0.0, run.last_checkpoint(now) - run.started_at - restore)
+        saved = work_saved(run.last_checkpoint(now) - run.started_at, restore, self.cfg)
         gpus = run.gang.total.gpus
         rec.lost_gpu_s += ((now - run.started_at) - saved) * gpus
         rec.remaining -= saved
@@ -265,7 +312,7 @@ class _Sim:
                 self.start(self.index[d.workload_id], d.placement, now)
                 admitted = True
             elif kind is Preempt:
-                self.preempt(self.index[d.workload_id], now)
+                self.preempt(self.index[d.workload_id], now, d.move)
                 preempted = True
         return preempted, admitted
 

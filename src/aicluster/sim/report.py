@@ -46,7 +46,8 @@ class Report:
     max_delay: float
     makespan: float
     utilisation: float
-    preemptions: int
+    preemptions: int  # moves included
+    moves: int  # preemptions that moved a job to defragment (it started again at once)
     lost_gpu_h: float
     cycles: int
     # team -> (share of all GPU time, its guarantee's share of the cluster)
@@ -110,6 +111,7 @@ def summarise(result: SimResult, guarantees: dict[str, int] | None = None) -> Re
         makespan=makespan,
         utilisation=held / (gpus * makespan) if gpus and makespan else 0.0,
         preemptions=sum(r.preemptions for r in recs),
+        moves=sum(r.moves for r in recs),
         lost_gpu_h=sum(r.lost_gpu_s for r in recs) / 3600.0,
         cycles=result.cycles,
         team_share=share,

@@ -33,6 +33,16 @@ although every victim has stopped (or `reserve_for_s` has passed): it can no lon
 Without it, the next cycle gave the freed room to a starving borrower tried first, which
 the guaranteed gang preempted again, for ever.
 
+Defragmentation (`defrag`): a gang within its team's guarantee that finds no room,
+when reclaiming borrowed work is not enough but its pool has the free GPUs it needs
+scattered over nodes, moves cheap checkpointable work (any team's: see `defrag`) to
+other nodes and takes the room they leave. The gang holds a reservation as above (the
+movers are its victims); each mover holds one for the room it moves to (`Moved`), kept
+while it stops and tried right after the gangs' in the next cycle, so it starts again
+at once, within its team's guarantee as before. Without it, a team whose gangs need
+whole nodes held a fraction of its guarantee while other teams' small guaranteed jobs
+left a few GPUs free on every node.
+
 Invariants: guarantee + borrowing limit is never exceeded; a gang within its team's
 guarantee is never kept out by borrowed work for longer than the preemption takes; work
 preempted for a gang is preempted once: in the next cycle after its victims have
@@ -46,10 +56,11 @@ from dataclasses import dataclass, field
 from heapq import heappop, heapreplace
 from typing import NamedTuple
 
-from aicluster.core.model import Decision, GangRequest, Preempt, Snapshot, Wait, WaitKind
+from aicluster.core.model import Decision, GangRequest, Preempt, Res, Snapshot, Wait, WaitKind
 from aicluster.core.policies.base import Cycle, Refusal, kept_by_object
+from aicluster.core.policies.defrag import Defragmenter, Moves
 from aicluster.core.policies.fifo import hold_for_starving
-from aicluster.core.policies.preemption import Reclaimer
+from aicluster.core.policies.preemption import Reclaimer, share_reclaim_allowed
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,9 @@ class FairPolicy:
     )  # GPU-seconds per LAS level
     starve_after_s: float = 6 * 3600.0
     reserve_for_s: float = 900.0  # the longest a reservation waits for its victims to stop
+    defrag: bool = True  # move cheap work to give a guaranteed gang its shape (`defrag`)
+    share_reclaim: bool = True  # preempt by fair share for a gang beyond the guarantee
+    move_max_lost_s: float = 600.0  # a mover's last checkpoint is at most this old
     memo: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
     # workload id -> FreedRoom: decisions depend on it (see the module docstring)
     reservations: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
@@ -74,6 +88,11 @@ class FairPolicy:
     def plan(self, snapshot: Snapshot, clock: float) -> list[Decision]:
         c = Cycle(snapshot, clock, self.memo)
         reclaimer = Reclaimer(c) if self.preemption else None
+        mover = (
+            Defragmenter(c, reclaimer.gone, self.move_max_lost_s)
+            if reclaimer is not None and self.defrag
+            else None
+        )
         deferred: dict[str, list[tuple[tuple, GangRequest]]] = {}  # team -> (key, gang)s
         closed: dict[tuple, str] = {}  # (cohort, pool) -> starving gang it lends to only
         kept: dict[tuple, str] = {}  # (team, pool) -> starving gang its GPUs are kept for
@@ -95,16 +114,16 @@ class FairPolicy:
                 continue
             pools = _within_guarantee(c, g)
             if pools:
-                self._guaranteed(c, g, pools, reclaimer)
+                self._guaranteed(c, g, pools, reclaimer, mover)
             elif clock - g.submitted_at >= self.starve_after_s:
-                refusal = self._borrow(c, g, closed)
+                refusal = self._borrow(c, g, closed, reclaimer)
                 if _quota_refused(refusal):  # its team's quota is in use
                     for p in c.pools_for(g):
                         if c.book.has_quota(g.team, p):
                             kept[(g.team, p)] = g.workload_id
             else:
                 deferred.setdefault(g.team, []).append((key, g))
-        self._borrowing(c, deferred, closed)
+        self._borrowing(c, deferred, closed, reclaimer)
         return c.decisions()
 
     def _in_order(self, pending: tuple, clock: float) -> list[tuple[tuple, GangRequest]]:
@@ -128,7 +147,9 @@ class FairPolicy:
         level = bisect_right(self.las_thresholds, g.attained_service)
         return (-g.priority, level, g.submitted_at, g.workload_id), g
 
-    def _guaranteed(self, c: Cycle, g: GangRequest, pools: list[str], reclaimer) -> None:
+    def _guaranteed(
+        self, c: Cycle, g: GangRequest, pools: list[str], reclaimer, mover=None
+    ) -> None:
         rule = lambda g, pool: c.book.admissible(g.team, pool, g.total, borrow=False)
         refusal = c.try_admit(g, rule, pools, memo=("guaranteed",))
         if refusal is None:
@@ -138,23 +159,69 @@ class FairPolicy:
             c.never(g, never)
             return
         for pool in pools if reclaimer is not None else ():
-            n = reclaimer.reclaim(g, pool)
-            if n:
-                victims = reclaimer.victims
-                self.reservations[g.workload_id] = FreedRoom(
-                    pool,
-                    frozenset(r.workload_id for r in victims),
-                    reclaimer.room,
-                    c.clock,
-                )
-                c.wait(
-                    g,
-                    f"preempting {n} workload(s) to give team {g.team} its guaranteed "
-                    f"GPUs in pool {pool}",
-                    WaitKind.PREEMPTING,
-                )
+            if reclaimer.reclaim(g, pool):
+                self._preempting(c, g, pool, reclaimer, "its guaranteed GPUs")
+                return
+        for pool in pools if mover is not None else ():
+            moves = mover.defrag(g, pool)
+            if moves is not None:
+                self._moving(c, g, pool, moves)
                 return
         self._wait_starving(c, g, refusal)
+
+    def _preempting(self, c: Cycle, g: GangRequest, pool: str, reclaimer, what: str) -> None:
+        """`g` waits for the victims `reclaimer` just chose, their room kept for it."""
+        victims = reclaimer.victims
+        self.reservations[g.workload_id] = FreedRoom(
+            pool, frozenset(r.workload_id for r in victims), reclaimer.room, c.clock
+        )
+        c.wait(
+            g,
+            f"preempting {len(victims)} workload(s) to give team {g.team} {what} in pool {pool}",
+            WaitKind.PREEMPTING,
+        )
+
+    def _share_reclaim(self, c: Cycle, g: GangRequest, reclaimer, closed: dict) -> bool:
+        """A gang beyond what is left of its team's guarantee, while the team holds less
+        than its guarantee: preempt borrowed work of teams holding a larger share
+        (`preemption`, fair-share reclaim; not where its cohort lends to a starving gang
+        first); True if it did."""
+        for pool in c.pools_for(g):
+            if (
+                pool in c.index.pools
+                and (c.book.account(g.team, pool).cohort, pool) not in closed
+                and share_reclaim_allowed(c, g, pool)
+                and reclaimer.reclaim(g, pool, share=True)
+            ):
+                self._preempting(c, g, pool, reclaimer, "its fair share of its guarantee")
+                return True
+        return False
+
+    def _moving(self, c: Cycle, g: GangRequest, pool: str, moves: Moves) -> None:
+        """Stop the movers, keep the room for `g` and each mover's new room for it."""
+        self.reservations[g.workload_id] = FreedRoom(
+            pool,
+            frozenset(r.workload_id for r, _ in moves.rooms),
+            frozenset(moves.placement),
+            c.clock,
+        )
+        for r, where in moves.rooms:
+            self.reservations[r.workload_id] = Moved(pool, where, r.gang.per_worker, c.clock)
+            c.preempts.append(
+                Preempt(
+                    r.workload_id,
+                    f"moved to other nodes for {g.workload_id} of team {g.team}, which "
+                    f"needs {g.workers} x {g.per_worker.gpus} GPUs together in pool {pool}; "
+                    "it starts again at once from its last checkpoint",
+                    move=True,
+                )
+            )
+        c.wait(
+            g,
+            f"moving {len(moves.rooms)} workload(s) to other nodes to give team {g.team} "
+            f"its guaranteed GPUs in the shape it needs in pool {pool}",
+            WaitKind.PREEMPTING,
+        )
 
     def _reserved(self, c: Cycle, reclaimer) -> set[str]:
         """Decide the gangs holding a reservation, first: admitted in its pool, or waiting
@@ -164,45 +231,83 @@ class FairPolicy:
         if not held:
             return set()
         pending = {g.workload_id: g for g in c.snapshot.pending}
-        for wid in [w for w in held if w not in pending]:
-            del held[wid]  # admitted, or gone from the queue
+        self._movers_stopping(c, pending, reclaimer)
+        for res in held.values():  # a mover's new room, kept while it stops and until
+            if isinstance(res, Moved) and res.pool in c.index.pools:  # it is tried below
+                c.index.take(res.placement, res.per_worker)
         decided: set[str] = set()
         # its quota as any gang's: a gang of its team admitted after the preemption, above
         # the guarantee then charged to this one, has since become the one that borrows
         rule = lambda g, pool: c.book.admissible(g.team, pool, g.total, borrow=True)
-        for g in sorted((pending[w] for w in held), key=lambda g: self.order_key(g, c.clock)):
-            wid = g.workload_id
-            res = held[wid]
-            if res.pool not in c.index.pools:
-                del held[wid]
+        ordered = sorted(
+            (pending[w] for w in held if w in pending),  # a mover may still be stopping
+            key=lambda g: self.order_key(g, c.clock),
+        )
+        for g in ordered:  # the gangs first, then the movers (their new room is kept)
+            if isinstance(held[g.workload_id], FreedRoom):
+                self._reserved_gang(c, g, rule, reclaimer, decided)
+        for g in ordered:
+            res = held.get(g.workload_id)
+            if isinstance(res, Moved):
+                del held[g.workload_id]  # it starts now, or waits as any gang
+                if res.pool in c.index.pools:
+                    c.index.release(res.placement, res.per_worker)
+                    if c.try_admit(g, rule, [res.pool]) is None:
+                        decided.add(g.workload_id)
+        return decided
+
+    def _movers_stopping(self, c: Cycle, pending: dict, reclaimer) -> None:
+        """Forget reservations of gangs that left the queue (admitted, or gone) and of
+        movers that neither stop nor wait (or waited for too long); a mover still
+        stopping keeps its room and is asked to stop again."""
+        held = self.reservations
+        for wid in [w for w in held if w not in pending]:
+            res = held.pop(wid)
+            if not isinstance(res, Moved) or c.clock - res.since > self.reserve_for_s:
                 continue
-            refusal = c.try_admit(g, rule, [res.pool])
-            if refusal is None:
-                del held[wid]
-                decided.add(wid)
-                continue
-            stopping = [r for r in c.running_in(res.pool) if r.workload_id in res.victims]
-            if not refusal.room or not stopping or c.clock - res.since > self.reserve_for_s:
-                del held[wid]  # its quota refuses it now, or no stopping victim holds room
-                continue
-            c.index.hold(res.nodes)
-            c.book.charge(g.team, res.pool, g.total)
-            for r in stopping:  # asked again (a stop the control plane missed), nobody new
+            r = next((r for r in c.running_in(res.pool) if r.workload_id == wid), None)
+            if r is None:
+                continue  # ended, or left the policy's view
+            held[wid] = res
+            c.preempts.append(Preempt(wid, "moved: still running", move=True))
+            if reclaimer is not None:
+                reclaimer.gone.add(wid)
+
+    def _reserved_gang(self, c: Cycle, g: GangRequest, rule, reclaimer, decided: set) -> None:
+        """A gang holding the room preempted (or moved) for it: admitted there, or
+        waiting with the room held while its victims stop, or its reservation ended."""
+        held, wid = self.reservations, g.workload_id
+        res = held[wid]
+        if res.pool not in c.index.pools:
+            del held[wid]
+            return
+        refusal = c.try_admit(g, rule, [res.pool])
+        if refusal is None:
+            del held[wid]
+            decided.add(wid)
+            return
+        stopping = [r for r in c.running_in(res.pool) if r.workload_id in res.victims]
+        if not refusal.room or not stopping or c.clock - res.since > self.reserve_for_s:
+            del held[wid]  # its quota refuses it now, or no stopping victim holds room
+            return
+        c.index.hold(res.nodes)
+        c.book.charge(g.team, res.pool, g.total)
+        for r in stopping:  # asked again (a stop the control plane missed), nobody new
+            if not isinstance(held.get(r.workload_id), Moved):  # a mover is asked apart
                 c.preempts.append(
                     Preempt(r.workload_id, f"preempted for {wid} of team {g.team}: still running")
                 )
-            if reclaimer is not None:
-                reclaimer.gone.update(r.workload_id for r in stopping)
-            c.wait(
-                g,
-                f"waiting for {len(stopping)} workload(s) preempted for it to stop in pool "
-                f"{res.pool} (their room is kept for it)",
-                WaitKind.PREEMPTING,
-            )
-            decided.add(wid)
-        return decided
+        if reclaimer is not None:
+            reclaimer.gone.update(r.workload_id for r in stopping)
+        c.wait(
+            g,
+            f"waiting for {len(stopping)} workload(s) preempted for it to stop in pool "
+            f"{res.pool} (their room is kept for it)",
+            WaitKind.PREEMPTING,
+        )
+        decided.add(wid)
 
-    def _borrowing(self, c: Cycle, deferred: dict[str, list], closed) -> None:
+    def _borrowing(self, c: Cycle, deferred: dict[str, list], closed, reclaimer=None) -> None:
         """Teams in turn, smallest weighted borrowed share first; each turn one gang.
 
         Most turns at scale refuse a gang for the reason the last gang of its team and
@@ -229,18 +334,23 @@ class FairPolicy:
             ):
                 decided.append(Wait(g.workload_id, hit[3].reason, hit[3].kind))
             else:
-                self._borrow(c, g, closed)
+                self._borrow(c, g, closed, reclaimer)
                 last = decided[-1] if decided else None
-                if isinstance(last, Wait) and last.workload_id == g.workload_id:
+                if (
+                    isinstance(last, Wait)
+                    and last.workload_id == g.workload_id
+                    and last.kind is not WaitKind.PREEMPTING  # its victims are its own
+                ):
                     said[(team, g.shape)] = (index.version, book.version, len(closed), last)
             if i + 1 < len(queue):
                 heapreplace(heap, (book.share(team), queue[i + 1][0], team))
             else:
                 heappop(heap)
 
-    def _borrow(self, c: Cycle, g: GangRequest, closed: dict) -> Refusal | None:
-        """Admit `g` borrowing above its team's guarantee, or record why it waits (the
-        Refusal; None when admitted or when it could never fit)."""
+    def _borrow(self, c: Cycle, g: GangRequest, closed: dict, reclaimer=None) -> Refusal | None:
+        """Admit `g` borrowing above its team's guarantee, or preempt for it by fair
+        share, or record why it waits (the Refusal; None when admitted, preempted for,
+        or when it could never fit)."""
         refusal = c.try_admit(
             g,
             lambda g, pool: self._borrow_rule(c, g, pool, closed),
@@ -251,6 +361,13 @@ class FairPolicy:
         never = c.never_fits(g) or _beyond_ceiling(c, g)
         if never:
             c.never(g, never)
+            return None
+        if (
+            reclaimer is not None
+            and self.share_reclaim
+            and refusal.kind is not WaitKind.TEAM_CAP
+            and self._share_reclaim(c, g, reclaimer, closed)
+        ):
             return None
         self._wait_starving(c, g, refusal, closed)
         return refusal
@@ -282,6 +399,16 @@ class FreedRoom(NamedTuple):
     pool: str
     victims: frozenset[str]
     nodes: frozenset[str]
+    since: float
+
+
+class Moved(NamedTuple):
+    """Room kept for a mover (`defrag`): its pool, the placement it moves to, its
+    workers' size, and when it was moved."""
+
+    pool: str
+    placement: tuple[str, ...]
+    per_worker: Res
     since: float
 
 

@@ -10,6 +10,16 @@ from the same pool in this order:
 Victims are taken in that order until the gang fits, then any victim the gang turns out
 not to need is spared (checked newest-taken first).
 
+Fair-share reclaim (`reclaim(..., share=True)`, after Kueue's fair-sharing preemption with
+its LessThanOrEqualToFinalShare strategy): a gang that would take its team above its
+guarantee, while the team holds less than its guarantee and the gang is no larger than
+it, may preempt other teams' borrowed work as long as its team's share after admitting
+it (GPUs held / guarantee) stays at or below the victim team's share after the victim
+stops, and its quota admits it as borrowing then. So a team whose gangs are large is
+not held below its guarantee by teams far above theirs; and two teams cannot preempt
+each other back and forth (each preemption leaves the preemptor's share no higher than
+the victim's, which the victim would have to exceed to preempt back).
+
 Invariants: only preemptible workloads are chosen; a team stops being a victim as soon
 as its tentative usage is no longer above its guarantee; nothing is placed on the
 victims' room in the cycle that preempts them (they hold it until they have stopped),
@@ -40,6 +50,33 @@ def _eligible(c: Cycle, g: GangRequest, r: RunningWorkload, gone: set[str]) -> b
     return c.book.is_borrowing(r.gang.team, r.pool)
 
 
+def held_share(c: Cycle, team: str, pool: str, more: float = 0.0) -> float:
+    """GPUs the team holds in `pool` (tentatively, plus `more`) / its guarantee there
+    (infinite without a guarantee: such a team has no claim, its work is best effort)."""
+    a = c.book.account(team, pool)
+    if a.guaranteed <= 0:
+        return float("inf")
+    return (a.used.gpus + more) / a.guaranteed
+
+
+def _share_eligible(c: Cycle, g: GangRequest, r: RunningWorkload, gone: set[str]) -> bool:
+    """A fair-share victim: another team's borrowed work whose team, once it has stopped,
+    still holds at least the share `g`'s team will hold with `g` (module docstring)."""
+    if not r.gang.preemptible or r.workload_id in gone or r.gang.team == g.team:
+        return False
+    if not c.book.is_borrowing(r.gang.team, r.pool):
+        return False
+    mine = held_share(c, g.team, r.pool, g.total.gpus)
+    return held_share(c, r.gang.team, r.pool, -r.gang.total.gpus) >= mine
+
+
+def share_reclaim_allowed(c: Cycle, g: GangRequest, pool: str) -> bool:
+    """`g` may fair-share reclaim in `pool`: its team holds less than its guarantee there,
+    and the gang is no larger than the guarantee."""
+    a = c.book.account(g.team, pool)
+    return a.used.gpus < a.guaranteed and g.total.gpus <= a.guaranteed
+
+
 def preemption_shape(g: GangRequest, pool: str, rank) -> tuple:
     """What decides whether preempting for `g` in `pool` can succeed: gangs of the same
     shape and `rank` (its priority, or a policy's own rank) find the same victims."""
@@ -58,29 +95,44 @@ class Reclaimer:
         self.victims: list[RunningWorkload] = []
         self.room: frozenset[str] = frozenset()
 
-    def reclaim(self, g: GangRequest, pool: str) -> int:
-        """Preempt for `g` in `pool`; the number of victims (0: not possible now)."""
-        shape = preemption_shape(g, pool, g.priority)
+    def reclaim(self, g: GangRequest, pool: str, share: bool = False) -> int:
+        """Preempt for `g` in `pool`; the number of victims (0: not possible now).
+        `share`: a fair-share reclaim (module docstring) for a gang beyond its team's
+        guarantee."""
+        shape = (share, *preemption_shape(g, pool, g.priority))
         if shape in self.failed:
             return 0
         c = self.c
-        cands = [r for r in c.running_in(pool) if _eligible(c, g, r, self.gone)]
+        eligible = _share_eligible if share else _eligible
+        cands = [r for r in c.running_in(pool) if eligible(c, g, r, self.gone)]
         if sum(r.gang.total.gpus for r in cands) + c.index.pool_free_gpus(pool) < g.total.gpus:
             self.failed.add(shape)
             return 0
         cands.sort(key=lambda r: _victim_key(r, g, c.clock))
+        fits = self._fits_sharing if share else self._fits
         taken: list[RunningWorkload] = []
         for r in cands:
-            if not _eligible(c, g, r, self.gone):
+            if not eligible(c, g, r, self.gone):
                 continue
             self._free(r)
             taken.append(r)
-            if c.index.place(g, pool) is not None:
-                return self._commit(g, pool, self._spare(g, pool, taken))
+            if fits(g, pool):
+                return self._commit(g, pool, self._spare(g, pool, taken, fits))
         for r in reversed(taken):
             self._hold(r)
         self.failed.add(shape)
         return 0
+
+    def _fits(self, g: GangRequest, pool: str) -> bool:
+        return self.c.index.place(g, pool) is not None
+
+    def _fits_sharing(self, g: GangRequest, pool: str) -> bool:
+        """Room, and the quota admits `g` borrowing once the victims taken have stopped."""
+        c = self.c
+        return (
+            c.book.admissible(g.team, pool, g.total, borrow=True) is None
+            and c.index.place(g, pool) is not None
+        )
 
     def _free(self, r: RunningWorkload) -> None:
         self.c.index.release(r.placement, r.gang.per_worker)
@@ -90,11 +142,11 @@ class Reclaimer:
         self.c.index.take(r.placement, r.gang.per_worker)
         self.c.book.charge(r.gang.team, r.pool, r.gang.total)
 
-    def _spare(self, g: GangRequest, pool: str, taken: list[RunningWorkload]):
+    def _spare(self, g: GangRequest, pool: str, taken: list[RunningWorkload], fits):
         kept = []
         for r in reversed(taken):
             self._hold(r)
-            if self.c.index.place(g, pool) is None:
+            if not fits(g, pool):
                 self._free(r)
                 kept.append(r)
         return kept[::-1]
