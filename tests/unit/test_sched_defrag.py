@@ -178,3 +178,20 @@ def test_fair_share_reclaim_never_leaves_the_preemptor_above_its_victim():
     decided = FairPolicy().plan(_share_case(c_borrows=False), CLOCK)
     assert not any(isinstance(d, Preempt) for d in decided)
     assert by_id(decided)["a1"].kind is not WaitKind.PREEMPTING
+
+
+def test_the_longer_a_gang_waits_the_older_the_checkpoints_it_may_move():
+    """b's jobs last checkpointed 20 min ago: not cheap for a gang that just arrived,
+    but movable for one that has waited 25 min (the bound grows with the wait, up to
+    30 min: everything that checkpoints every 30 min is then movable)."""
+    snap = _fragmented(started=(CLOCK - 1200.0,) * 8)
+    waited = replace(snap, pending=(gang("a1", team="a", gpus=8, submitted_at=CLOCK - 1500.0),))
+    assert not any(isinstance(d, Preempt) for d in FairPolicy().plan(snap, CLOCK))
+    moved = [d for d in FairPolicy().plan(waited, CLOCK) if isinstance(d, Preempt)]
+    assert len(moved) == 4 and all(d.move for d in moved)
+    # work that never checkpoints and has run for hours is never cheap, however long
+    # the gang waits
+    old = _fragmented(started=(0.0,) * 8)
+    runs = tuple(replace(r, checkpoint_every_s=None) for r in old.running)
+    forever = replace(old, running=runs, pending=waited.pending)
+    assert not any(isinstance(d, Preempt) for d in FairPolicy().plan(forever, CLOCK))

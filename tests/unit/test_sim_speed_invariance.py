@@ -85,7 +85,7 @@ PINNED = {
     "las": "572d5ab9b4a77175",
     "srtf-oracle": "57adb6476af21066",
     "fair": "5b2158026b4fd3a4",
-    "fair-now": "defd5292346e631f",
+    "fair-now": "c149ce150a2bc882",
 }
 
 

@@ -13,7 +13,11 @@ least as many free GPUs as the gang needs (the room exists, only scattered).
 How (`Defragmenter.defrag`):
 1. Candidates: preemptible running workloads of the pool, not already going, smaller
    than the gang (GPUs), of no higher priority, whose last checkpoint is at most
-   `max_lost_s` old: any team's, guaranteed work included (a move keeps its room).
+   `max_lost_s` old, or as old as the gang has waited if that is longer, up to three
+   times `max_lost_s` (with checkpoints every 30 min, everything that checkpoints is
+   movable once the gang has waited 30 min: the wait for a shape is bounded; work that
+   never checkpoints is movable only while young): any team's, guaranteed work
+   included (a move keeps its room).
 2. Nodes are cleared cheapest first (the candidates' lost work plus a restore each,
    per node), freeing their candidates until the gang can be placed; candidates the
    placement turns out not to need are kept where they are (checked last freed first).
@@ -58,16 +62,17 @@ class Defragmenter:
         self.c = c
         self.gone = gone  # shared with the cycle's Reclaimer: nobody is stopped twice
         self.max_lost_s = max_lost_s
-        self.failed: set[tuple] = set()
+        self.failed: dict[tuple, float] = {}  # shape -> the largest loss tried in vain
 
     def defrag(self, g: GangRequest, pool: str) -> Moves | None:
         """Moves that give `g` room in `pool` now (taken in the cycle's free index and
         its quota charged), or None (nothing changed)."""
         c = self.c
         shape = (pool, g.team, g.priority, g.workers, g.per_worker, g.gpu_model, g.locality)
-        if shape in self.failed or c.index.pool_free_gpus(pool) < g.total.gpus:
+        limit = min(max(self.max_lost_s, c.clock - g.submitted_at), 3 * self.max_lost_s)
+        if self.failed.get(shape, -1.0) >= limit or c.index.pool_free_gpus(pool) < g.total.gpus:
             return None
-        by_node = self._candidates(g, pool)
+        by_node = self._candidates(g, pool, limit)
         freed: list[RunningWorkload] = []
         seen: set[str] = set()
         placement = None
@@ -82,26 +87,26 @@ class Defragmenter:
                 break
         if placement is None:
             self._take_back(freed)
-            self.failed.add(shape)
+            self.failed[shape] = limit
             return None
         movers = self._spare(g, pool, freed)
         placement = c.index.place(g, pool)
         if placement is None:  # cannot happen: sparing keeps a placement possible
             self._take_back(movers)
-            self.failed.add(shape)
+            self.failed[shape] = limit
             return None
         c.index.take(placement, g.per_worker)
         rooms = self._rehome(movers, pool, frozenset(placement))
         if rooms is None:
             c.index.release(placement, g.per_worker)
             self._take_back(movers)
-            self.failed.add(shape)
+            self.failed[shape] = limit
             return None
         c.book.charge(g.team, pool, g.total)
         self.gone.update(r.workload_id for r in movers)
         return Moves(placement, rooms)
 
-    def _candidates(self, g: GangRequest, pool: str) -> dict[str, tuple[float, list]]:
+    def _candidates(self, g: GangRequest, pool: str, limit: float) -> dict[str, tuple[float, list]]:
         """node id -> (cost of moving all its candidates, those candidates, cheapest
         first), for nodes that hold at least one."""
         c, now = self.c, self.c.clock
@@ -112,7 +117,7 @@ class Defragmenter:
                 or r.workload_id in self.gone
                 or r.gang.total.gpus >= g.total.gpus
                 or r.gang.priority > g.priority
-                or now - r.last_checkpoint(now) > self.max_lost_s
+                or now - r.last_checkpoint(now) > limit
             ):
                 continue
             cost = move_cost(r, now)
