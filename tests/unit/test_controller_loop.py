@@ -526,12 +526,9 @@ def test_a_team_reclaiming_its_quota_preempts_a_borrower_without_spending_a_rest
     assert w.job(borrower).attempt == 2, "back when the owner's job ended"
 
 
-def test_a_guaranteed_gang_fragmented_out_is_given_a_node_by_moving_a_job(quota_world):
-    """The borrower's two one-GPU jobs sit on both 2-GPU nodes (within its guarantee
-    of 2, so nothing is borrowed and preemption cannot help); the owner's 2-GPU job
-    needs a whole node. The control plane moves one job to the other node: it stops,
-    starts again at once (attempt 2, no restart spent) and the owner runs."""
-    w = quota_world
+def _fragmented(w) -> dict[str, str]:
+    """The borrower's one-GPU jobs on both 2-GPU nodes, one on each (within its guarantee
+    of 2: nothing is borrowed, so preemption cannot help); node -> its job."""
     w.quotas.set(Quota("owner", "gpu", gpus=2))
     w.quotas.set(Quota("borrower", "gpu", gpus=2))
     jobs = [w.submit(f"small{i}", team="borrower", resources={"gpus": 1}) for i in range(4)]
@@ -544,10 +541,11 @@ def test_a_guaranteed_gang_fragmented_out_is_given_a_node_by_moving_a_job(quota_
     for node_jobs in by_node.values():  # one ends on each node: 1 GPU free on each
         w.engine.exit(node_jobs[0], 0)
     w.tick()
-    left = {n: js[1] for n, js in by_node.items()}
-    owner = w.submit("big", team="owner", resources={"gpus": 2})
-    for _ in range(4):
-        w.tick()
+    return {n: js[1] for n, js in by_node.items()}
+
+
+def _moved_for(w, owner: str, left: dict[str, str]) -> str:
+    """The one job moved to give `owner` its node (it started again at once)."""
     assert w.job(owner).status == R
     moved = [j for j in left.values() if w.job(j).attempt == 2]
     assert len(moved) == 1, "one job moved, the other stayed"
@@ -556,6 +554,83 @@ def test_a_guaranteed_gang_fragmented_out_is_given_a_node_by_moving_a_job(quota_
     assert job.placement[0] != w.job(owner).placement[0]
     events = [e.message or "" for e in w.store.list_events(object_id=moved[0])]
     assert any(m.startswith("preempted: moved to other nodes for") for m in events)
+    return moved[0]
+
+
+def test_a_guaranteed_gang_fragmented_out_is_given_a_node_by_moving_a_job(quota_world):
+    """The owner's 2-GPU job needs a whole node: the control plane moves one of the
+    borrower's jobs to the other node; it stops, starts again at once (attempt 2, no
+    restart spent) and the owner runs."""
+    w = quota_world
+    left = _fragmented(w)
+    owner = w.submit("big", team="owner", resources={"gpus": 2})
+    for _ in range(4):
+        w.tick()
+    _moved_for(w, owner, left)
+
+
+def test_work_that_ran_for_hours_moves_once_it_has_saved_a_checkpoint(quota_world):
+    """Two hours in, the borrower's jobs would lose two hours each: nothing moves and
+    the owner waits. Once they save a checkpoint (what the API records when a job's
+    token commits one), moving one loses nothing much, and it moves."""
+    w = quota_world
+    left = _fragmented(w)
+    w.clock.advance(2 * 3600.0)
+    owner = w.submit("big", team="owner", resources={"gpus": 2})
+    for _ in range(3):
+        w.tick()
+    assert w.job(owner).status == P
+    assert all(w.job(j).attempt == 1 for j in left.values())
+    for job_id in left.values():
+        assert w.store.mark_checkpoint(job_id, w.clock(), "checkpoint saved")
+    for _ in range(4):
+        w.tick()
+    _moved_for(w, owner, left)
+
+
+def test_a_checkpoint_saved_through_the_api_tells_the_scheduler_what_a_stop_loses(world):
+    """The job's own token commits a checkpoint with the SDK (runtime.checkpoint.save,
+    real API routes on loopback): the job's record and its next running view carry the
+    checkpoint's time (before, the scheduler counted everything since the start as lost
+    work), and the job's events say it was saved."""
+    from aicluster.api.artifacts_routes import artifact_router
+    from aicluster.control.artifacts import ArtifactService
+    from aicluster.control.snapshot import job_workload
+    from aicluster.runtime import checkpoint
+    from aicluster.store.artifacts import ArtifactStore
+
+    job_id = world.submit("ckpt")
+    world.run(job_id)
+    assert world.job(job_id).last_checkpoint_at is None
+    artifacts = ArtifactService(
+        ArtifactStore.open(world.store, world.tmp / "home"),
+        job_team=lambda jid: j.team if (j := world.store.get_job(jid)) else None,
+        on_checkpoint=lambda job, v: world.store.mark_checkpoint(job, v.created_at, "saved"),
+    )
+    ops = ApiOps(world.store, world.engine, world.logs, world.tmp / "workdirs")
+    job = world.job(job_id)
+    env = {
+        "AICLUSTER_TOKEN": world.store.create_job_token(job_id, job.attempt),
+        "AICLUSTER_TEAM": job.team,
+        "AICLUSTER_JOB_NAME": job.name,
+        "AICLUSTER_JOB_ID": job_id,
+    }
+    (world.tmp / "state.txt").write_text("step 7\n")
+    world.clock.advance(3600.0)
+    with serving(create_app(ops, routers=[lambda p: artifact_router(artifacts, p)])) as url:
+        env["AICLUSTER_URL"] = url
+        checkpoint.save(world.tmp / "state.txt", step=7, env=env)
+    saved = world.job(job_id).last_checkpoint_at
+    assert saved is not None and saved >= job.started_at + 3600.0
+    running = job_workload(world.job(job_id)).running("gpu")
+    assert running.last_checkpoint_at == saved
+    assert running.work_lost(saved + 60.0) == 60.0 * running.gang.total.gpus
+    types = [e.type for e in world.store.list_events(object_id=job_id)]
+    assert "JobCheckpointed" in types
+    # only an active job is marked
+    world.engine.exit(job_id, 0)
+    world.tick()
+    assert not world.store.mark_checkpoint(job_id, saved + 10.0, "late")
 
 
 # -- garbage, cancellation, tokens ------------------------------------------------------

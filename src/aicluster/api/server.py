@@ -170,7 +170,11 @@ class ControlPlane:
         wake = self.wakeup.set
         self.metrics = Metrics()
         self.artifacts = ArtifactService(
-            ArtifactStore.open(self.store, home), job_team=self._job_team
+            ArtifactStore.open(self.store, home),
+            job_team=self._job_team,
+            on_checkpoint=lambda job_id, v: self.store.mark_checkpoint(
+                job_id, v.created_at, f"checkpoint {v.team}/{v.name}:{v.version} saved"
+            ),
         )
         commands = _health_commands(home)
 

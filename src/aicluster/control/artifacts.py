@@ -21,6 +21,7 @@ grant only for blobs of a version the caller may read.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable, Iterator
 
 from aicluster.artifacts.manifest import Manifest, ManifestError, is_digest
@@ -31,16 +32,24 @@ from aicluster.store.artifacts import ArtifactRecord, ArtifactStore, VersionReco
 from aicluster.store.artifacts.index import UploadRecord
 from aicluster.store.identity import Principal
 
+log = logging.getLogger(__name__)
+
 MAX_METADATA_BYTES = 64 << 10
 MAX_JOB_ID = 80
 
 
 class ArtifactService:
     def __init__(
-        self, artifacts: ArtifactStore, job_team: Callable[[str], str | None] | None = None
+        self,
+        artifacts: ArtifactStore,
+        job_team: Callable[[str], str | None] | None = None,
+        on_checkpoint: Callable[[str, VersionRecord], object] | None = None,
     ):
         self.artifacts = artifacts
         self.job_team = job_team
+        # told (job id, version) of each checkpoint a job's own token commits (the scheduler then
+        # knows what stopping that job would lose: store.job_writes.mark_checkpoint)
+        self.on_checkpoint = on_checkpoint
 
     # -- access -----------------------------------------------------------------------
 
@@ -188,9 +197,15 @@ class ArtifactService:
     def commit(self, who: Principal, upload_id: str) -> VersionRecord:
         self._upload_for(who, upload_id)
         try:
-            return self.artifacts.commit(upload_id, require_proof=True)
+            v = self.artifacts.commit(upload_id, require_proof=True)
         except ManifestError as exc:
             raise BadRequest(str(exc)) from None
+        if self.on_checkpoint is not None and who.job_id is not None and v.kind == "checkpoint":
+            try:  # the version is committed whatever this says
+                self.on_checkpoint(who.job_id, v)
+            except Exception:  # a hint for the scheduler, never the save's fault
+                log.exception("recording the checkpoint %s/%s:%d", v.team, v.name, v.version)
+        return v
 
     def abort(self, who: Principal, upload_id: str) -> None:
         self._upload_for(who, upload_id)

@@ -46,6 +46,7 @@ class WorkloadView:
     preemptible: bool = True
     preferred_nodes: tuple[str, ...] = ()  # nodes that cache its artifacts (a soft hint)
     nodes: frozenset[str] | None = None  # the only nodes it may use (spec `nodes`), a hard rule
+    last_checkpoint_at: float | None = None  # its newest checkpoint, when the store knows it
 
     def gang(self) -> GangRequest:
         """Its GangRequest, made once (both are immutable): a view kept across ticks
@@ -64,6 +65,7 @@ class WorkloadView:
                 gang=self.gang(),
                 placement=self.placement,
                 started_at=self.started_at or self.created_at,
+                last_checkpoint_at=self.last_checkpoint_at,
                 pool=pool,
             )
         return made
@@ -124,6 +126,7 @@ def job_workload(job: JobRecord, where: dict[str, set[str]] | None = None) -> Wo
         started_at=job.started_at or (None if job.status == JobStatus.PENDING else job.updated_at),
         preferred_nodes=nodes_holding(job_artifact_keys(job.spec), where) if where else (),
         nodes=frozenset(job.spec.nodes) if job.spec.nodes is not None else None,
+        last_checkpoint_at=job.last_checkpoint_at,
     )
 
 

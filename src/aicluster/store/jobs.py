@@ -49,6 +49,7 @@ class JobRecord:
     updated_at: float
     started_at: float | None
     finished_at: float | None
+    last_checkpoint_at: float | None  # its newest checkpoint (of any attempt), if known
 
     @classmethod
     def of(cls, row) -> JobRecord:

@@ -78,6 +78,8 @@ class JobRow(Base):
     updated_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # when its own token last committed a checkpoint version (0033); any attempt's
+    last_checkpoint_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class EventRow(Base):
