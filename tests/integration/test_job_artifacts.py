@@ -142,6 +142,10 @@ def test_job_resumes_from_an_artifact_checkpoint_on_another_node(
         assert f"resumed from step 5 on {victim.node_id}" in log, (first, done, first_log, log)
         ckpt = arts.version(admin, "default/ckpt-mover-ckpt:latest")
         assert ckpt["kind"] == "checkpoint" and ckpt["metadata"] == {"step": 5}
+        # the save told the scheduler when the job last checkpointed (what a stop loses)
+        assert done["last_checkpoint_at"] == ckpt["created_at"]
+        kinds = [e["type"] for e in admin.events(object_id=job["id"])]
+        assert "JobCheckpointed" in kinds, kinds
 
         # Each attempt got a token of the job's owner; all are revoked once the job ended.
         def job_tokens():
