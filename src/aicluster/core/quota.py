@@ -251,11 +251,11 @@ class QuotaBook:
         capped = self.over_cap(team, need)
         if capped is not None:
             return capped
-        a = self.account(team, pool)
-        if a.has_quota:
+        a = self.accounts.get((team, pool))  # not opened: a team without quota has no caps
+        if a is not None and a.has_quota:
             return self.admissible(team, pool, need, borrow=False)
         room = self.unassigned.get(pool, 0.0) - self.shared_used.get(pool, 0.0)
-        if need.gpus <= room and self._caps_ok(a, need):
+        if need.gpus <= room and (a is None or self._caps_ok(a, need)):
             return None
         return (
             f"team {team} has no quota in pool {pool} and the pool's unassigned GPUs are "

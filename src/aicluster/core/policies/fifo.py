@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from aicluster.core.model import Decision, GangRequest, Snapshot, WaitKind
+from aicluster.core.model import Decision, GangRequest, Snapshot, Wait, WaitKind
 from aicluster.core.policies.base import Cycle, arrival_key
 
 
@@ -69,12 +69,15 @@ class FifoPolicy:
         blocked: dict[tuple, str] = {}
         parts: dict[tuple, tuple] = {}
         rule = lambda g, pool: c.book.fits_partition(g.team, pool, g.total)
+        said, behind = c.decided.append, WaitKind.QUEUED_BEHIND  # most gangs wait behind
         for g in sorted(snapshot.pending, key=arrival_key):
-            part = parts.get((g.team, g.pool)) or parts.setdefault(
-                (g.team, g.pool), partition_of(c, g)
-            )
-            if part in blocked:
-                c.wait(g, blocked[part], WaitKind.QUEUED_BEHIND)
+            key = (g.team, g.pool)
+            part = parts.get(key)
+            if part is None:
+                part = parts[key] = partition_of(c, g)
+            ahead = blocked.get(part)
+            if ahead is not None:
+                said(Wait(g.workload_id, ahead, behind))  # as c.wait, without the call
                 continue
             refusal = c.try_admit(g, rule)
             if refusal is None:
