@@ -169,3 +169,34 @@ def test_sim_finish_events_of_preempted_attempts_trigger_no_cycle():
     clocks = sorted({clock for clock, _ in policy.cycles})
     assert clocks == [0.0, 100.0, 1100.0, 2000.0, 6100.0]
     assert result.cycles == len(policy.cycles)
+
+
+def test_gangs_preempted_for_in_one_cycle_each_start_where_they_were_planned():
+    """Found by the property test once fair reclaimed by fair share: new0 counted on
+    old1's room on n0 and a free GPU on n3, new2 on the room of old5 and old6 on n3.
+    Admitted best fit in the next cycle, new0 took both of its GPUs on n3 and new2 had to
+    preempt again; each reserved gang now starts on the placement it was planned on."""
+    nodes = [node(f"n{i}", gpus=g) for i, g in enumerate((2, 2, 2, 8))]
+    nodes.append(node("n4", gpus=2, pool="p2"))
+    runs = [
+        running(gang("old0", team="a", gpus=1), ["n0"]),
+        running(gang("old7", team="a", gpus=2), ["n1"]),
+        running(gang("old1", team="b", gpus=1), ["n0"]),
+        running(gang("old2", team="b", gpus=1), ["n2"]),
+        running(gang("old3", team="b", gpus=1), ["n2"]),
+        running(gang("old4", team="b", gpus=1), ["n3"]),
+        *(running(gang(f"old{i}", team="b", gpus=2), ["n3"]) for i in (5, 6, 8)),
+    ]
+    pending = [
+        gang("new0", team="a", workers=2, gpus=1, submitted_at=100.0),
+        gang("new1", team="a", gpus=1, submitted_at=101.0),
+        gang("new2", team="a", gpus=4, submitted_at=102.0),
+    ]
+    snap = qsnap(nodes, pending, runs, quotas=[q("a", 7)])
+    policy = FairPolicy()
+    first = policy.plan(snap, 120.0)
+    preempting = {d.workload_id for d in first if isinstance(d, Wait) and d.kind == "preempting"}
+    assert preempting == {"new0", "new1", "new2"}
+    second = by_id(policy.plan(apply(snap, first, 120.0), 121.0))
+    assert all(isinstance(second[w], Admit) for w in preempting), second
+    assert not [d for d in second.values() if isinstance(d, Preempt)]

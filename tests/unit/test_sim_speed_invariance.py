@@ -51,9 +51,7 @@ CASES = {
     "fifo": (team_cluster(TEAMS), lambda: get_policy("fifo"), Forgetful),
     "fifo-wc": (shared_cluster(4), lambda: get_policy("fifo"), Forgetful),
     "backfill": (team_cluster(TEAMS), lambda: get_policy("backfill"), Forgetful),
-    # fair as pinned before it reclaimed by fair share and moved work to defragment
-    "fair": (team_cluster(TEAMS), lambda: FairPolicy(defrag=False, share_reclaim=False), Forgetful),
-    "fair-now": (team_cluster(TEAMS), lambda: get_policy("fair"), Forgetful),
+    "fair": (team_cluster(TEAMS), lambda: get_policy("fair"), Forgetful),
     "las": (shared_cluster(4), LasPolicy, Forgetful),
     "srtf-oracle": (shared_cluster(4), SrtfOracle, ForgetfulOracle),
 }
@@ -76,16 +74,16 @@ def test_kept_state_changes_no_job_start(label):
 # las, srtf-oracle and fair: computed at 74617d1, before the second round of speed work
 # (Wait a named tuple, las' running gangs ranked from kept constants); these replays
 # preempt (160, 2,241 and 73 times), so the victims' order is pinned too.
-# fair-now (fair as it is by default, reclaiming by fair share and defragmenting):
-# computed when those came, pinned for the speed work after them.
+# fair: recomputed when it came to reclaim by fair share, defragment and admit a gang
+# preempted for where it was planned (decisions changed on purpose; 5b2158026b4fd3a4
+# before), pinned for the speed work after that.
 PINNED = {
     "fifo": "6fdb4fd56009774e",
     "fifo-wc": "174d6cf0d25027d5",
     "backfill": "71ba550f8eca2726",
     "las": "572d5ab9b4a77175",
     "srtf-oracle": "57adb6476af21066",
-    "fair": "5b2158026b4fd3a4",
-    "fair-now": "c149ce150a2bc882",
+    "fair": "787c8dbac379afb9",
 }
 
 
@@ -204,9 +202,13 @@ class Recorder:
 # kind included, computed before a cycle remembered its refusals (main at 090c348): a gang
 # refused like one tried before it in the cycle, with nothing changed since, gets the
 # same Refusal without the quota rule and placement being run again, and the same words.
+# fair and fair-borrow-8 recomputed when fair's decisions changed on purpose (fair-share
+# reclaim, defragmentation, reserved gangs admitted where planned; 756e06dbca123961 and
+# 9e4e1f4b9d7d4f0e before); the remembered refusals are checked against asking every
+# turn in tests/unit/test_fair_borrowing_turns.py.
 DECISIONS = {
-    "fair": ({"a": 2, "b": 3, "c": 1}, None, "756e06dbca123961"),  # 63 preemptions
-    "fair-borrow-8": ({"a": 2, "b": 3, "c": 1}, 8, "9e4e1f4b9d7d4f0e"),
+    "fair": ({"a": 2, "b": 3, "c": 1}, None, "78679237216434bd"),
+    "fair-borrow-8": ({"a": 2, "b": 3, "c": 1}, 8, "f80904f33912b7e7"),
     "fair-shared": (None, None, "c054058e46e4574f"),
 }
 
@@ -217,8 +219,7 @@ def test_remembered_refusals_change_no_decision_nor_its_words(label):
     cluster = team_cluster(teams, borrow_gpus=borrow) if teams else shared_cluster(6)
     jobs = synthetic(300, {"a": 1.0, "b": 2.0, "c": 1.0}, seed=7, mean_interarrival=8.0)
     seen: list[str] = []
-    # fair as pinned then, before it reclaimed by fair share and defragmented
-    policy = FairPolicy(starve_after_s=1800.0, defrag=False, share_reclaim=False)
+    policy = FairPolicy(starve_after_s=1800.0)
     cfg = SimConfig(runtime_limit_factor=2.0, queue_depth=64)
     simulate(jobs, cluster, Recorder(policy, seen), cfg)
     assert hashlib.sha256("\n".join(seen).encode()).hexdigest()[:16] == pinned

@@ -52,6 +52,7 @@ stopped, that gang is admitted (or its reservation ends for one of the reasons a
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import Counter
 from dataclasses import dataclass, field
 from heapq import heappop, heapreplace
 from typing import NamedTuple
@@ -74,7 +75,6 @@ class FairPolicy:
     starve_after_s: float = 6 * 3600.0
     reserve_for_s: float = 900.0  # the longest a reservation waits for its victims to stop
     defrag: bool = True  # move cheap work to give a guaranteed gang its shape (`defrag`)
-    share_reclaim: bool = True  # preempt by fair share for a gang beyond the guarantee
     move_max_lost_s: float = 600.0  # a mover's last checkpoint is at most this old
     memo: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
     # workload id -> FreedRoom: decisions depend on it (see the module docstring)
@@ -173,7 +173,11 @@ class FairPolicy:
         """`g` waits for the victims `reclaimer` just chose, their room kept for it."""
         victims = reclaimer.victims
         self.reservations[g.workload_id] = FreedRoom(
-            pool, frozenset(r.workload_id for r in victims), reclaimer.room, c.clock
+            pool,
+            frozenset(r.workload_id for r in victims),
+            reclaimer.room,
+            c.clock,
+            reclaimer.placement,
         )
         c.wait(
             g,
@@ -204,6 +208,7 @@ class FairPolicy:
             frozenset(r.workload_id for r, _ in moves.rooms),
             frozenset(moves.placement),
             c.clock,
+            moves.placement,
         )
         for r, where in moves.rooms:
             self.reservations[r.workload_id] = Moved(pool, where, r.gang.per_worker, c.clock)
@@ -280,6 +285,11 @@ class FairPolicy:
         res = held[wid]
         if res.pool not in c.index.pools:
             del held[wid]
+            return
+        if res.placement and rule(g, res.pool) is None and _fits_on(c, g, res.placement):
+            c.admit(g, res.pool, res.placement)  # where it was planned: the rooms of gangs
+            del held[wid]  # preempted for in one cycle may share a node
+            decided.add(wid)
             return
         refusal = c.try_admit(g, rule, [res.pool])
         if refusal is None:
@@ -366,7 +376,6 @@ class FairPolicy:
             return None
         if (
             reclaimer is not None
-            and self.share_reclaim
             and refusal.kind is not WaitKind.TEAM_CAP
             and self._share_reclaim(c, g, reclaimer, closed)
         ):
@@ -396,12 +405,25 @@ class FairPolicy:
 
 class FreedRoom(NamedTuple):
     """Room preempted for a gang: the pool, the victims' ids, the nodes its room is on
-    (the victims' and those it was to be placed on), and when."""
+    (the victims' and those it was to be placed on), when, and the placement it was
+    planned on (tried first once its victims have stopped)."""
 
     pool: str
     victims: frozenset[str]
     nodes: frozenset[str]
     since: float
+    placement: tuple[str, ...] = ()
+
+
+def _fits_on(c: Cycle, g: GangRequest, placement: tuple[str, ...]) -> bool:
+    """The gang's workers fit the free room of `placement`'s nodes now."""
+    index = c.index
+    for node_id, k in Counter(placement).items():
+        if node_id not in index.node or node_id in index.held:
+            return False
+        if g.per_worker.count_in(index.free[node_id]) < k:
+            return False
+    return True
 
 
 class Moved(NamedTuple):

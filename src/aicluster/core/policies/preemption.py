@@ -94,6 +94,7 @@ class Reclaimer:
         # (the victims' and those it would place the gang on)
         self.victims: list[RunningWorkload] = []
         self.room: frozenset[str] = frozenset()
+        self.placement: tuple[str, ...] = ()  # where it would place the gang
 
     def reclaim(self, g: GangRequest, pool: str, share: bool = False) -> int:
         """Preempt for `g` in `pool`; the number of victims (0: not possible now).
@@ -103,8 +104,8 @@ class Reclaimer:
         if shape in self.failed:
             return 0
         c = self.c
-        eligible = _share_eligible if share else _eligible
-        cands = [r for r in c.running_in(pool) if eligible(c, g, r, self.gone)]
+        may_stop = _share_eligible if share else _eligible
+        cands = [r for r in c.running_in(pool) if may_stop(c, g, r, self.gone)]
         if sum(r.gang.total.gpus for r in cands) + c.index.pool_free_gpus(pool) < g.total.gpus:
             self.failed.add(shape)
             return 0
@@ -112,7 +113,7 @@ class Reclaimer:
         fits = self._fits_sharing if share else self._fits
         taken: list[RunningWorkload] = []
         for r in cands:
-            if not eligible(c, g, r, self.gone):
+            if not may_stop(c, g, r, self.gone):
                 continue
             self._free(r)
             taken.append(r)
@@ -155,7 +156,7 @@ class Reclaimer:
         c = self.c
         c.book.charge(g.team, pool, g.total)
         placement = c.index.place(g, pool) or ()
-        self.victims = victims
+        self.victims, self.placement = victims, placement
         self.room = frozenset(placement).union(*(r.placement for r in victims))
         for r in victims:
             c.index.take(r.placement, r.gang.per_worker)  # theirs until they have stopped
@@ -171,25 +172,29 @@ class Reclaimer:
                     f"preempted for {g.workload_id} of team {g.team}: {why}",
                 )
             )
-        self._keep_free_room(g, placement, victims)
+        keep_free_room(c.index, g, placement, victims)
         return len(victims)
 
-    def _keep_free_room(self, g: GangRequest, placement, victims) -> None:
-        """Take, on each node of the gang's placement, the part of its need that its
-        victims do not free there: free room it counts on, which nothing else may take
-        this cycle (the rest of the node stays usable)."""
-        index = self.c.index
-        for node_id, k in Counter(placement).items():
-            need = g.per_worker.scale(k)
-            have = Res()
-            for r in victims:
-                n = r.placement.count(node_id)
-                if n:
-                    have = have + r.gang.per_worker.scale(n)
-            short = Res(
-                max(0.0, need.cpus - have.cpus),
-                max(0, need.memory - have.memory),
-                max(0, need.gpus - have.gpus),
-            )
-            if short != Res():
-                index.take((node_id,), short)
+
+def keep_free_room(index, g: GangRequest, placement, victims) -> list[tuple[str, Res]]:
+    """Take, on each node of the gang's placement, the part of its need that its victims
+    (held until they have stopped) do not free there: free room it counts on, which
+    nothing else may take this cycle (the rest of the node stays usable). What it took,
+    (node id, room), for a caller that may have to give it back."""
+    taken = []
+    for node_id, k in Counter(placement).items():
+        need = g.per_worker.scale(k)
+        have = Res()
+        for r in victims:
+            n = r.placement.count(node_id)
+            if n:
+                have = have + r.gang.per_worker.scale(n)
+        short = Res(
+            max(0.0, need.cpus - have.cpus),
+            max(0, need.memory - have.memory),
+            max(0, need.gpus - have.gpus),
+        )
+        if short != Res():
+            index.take((node_id,), short)
+            taken.append((node_id, short))
+    return taken
