@@ -142,19 +142,6 @@ class JobWrites:
             changed += len(done)
         return changed
 
-    def mark_checkpoint(self, job_id: str, at: float, what: str) -> bool:
-        """Record that the active job `job_id` saved a checkpoint at `at` (`what` names
-        it), with a JobCheckpointed event (the loop's caches re-read the job: its next
-        snapshot knows what stopping it would lose); False when it is not active."""
-        active = (JobStatus.ADMITTED.value, JobStatus.RUNNING.value)
-        with self._session.begin() as s:
-            row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
-            if row is None or row.status not in active:
-                return False
-            row.last_checkpoint_at = max(at, row.last_checkpoint_at or at)
-            self._event(s, "job", job_id, row.team, "JobCheckpointed", message=what)
-        return True
-
     def has_event(self, event_id: int, object_id: str) -> bool:
         """Whether the event `event_id` of `object_id` is in the log: a cache that read it
         asks, to learn whether the store lost its newest commits (a database that crashed

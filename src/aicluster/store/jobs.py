@@ -468,6 +468,18 @@ class JobStore:
 
     # -- events -----------------------------------------------------------------
 
+    def mark_checkpoint(self, job_id: str, at: float, what: str) -> bool:
+        """Record that the active job `job_id` saved a checkpoint at `at` (`what` names
+        it), with a JobCheckpointed event (the loop's caches re-read the job: its next
+        snapshot knows what stopping it would lose); False when it is not active."""
+        with self._session.begin() as s:
+            row = s.scalars(select(JobRow).where(JobRow.id == job_id)).first()
+            if row is None or row.status not in _IN_ATTEMPT:
+                return False
+            row.last_checkpoint_at = max(at, row.last_checkpoint_at or at)
+            self._event(s, "job", job_id, row.team, "JobCheckpointed", message=what)
+        return True
+
     def add_event(self, kind: str, object_id: str, team: str | None, type_: str, **kw) -> None:
         with self._session.begin() as s:
             self._event(s, kind, object_id, team, type_, **kw)
